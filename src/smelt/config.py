@@ -1,0 +1,370 @@
+"""Typed pipeline configuration: TOML files, `--set a.b=c` overrides, validation with helpful errors.
+
+A pipeline is one TOML file with the sections `[run]`, `[data]`, `[tokenizer]`, `[tokens]`,
+`[model]`, `[train]`, `[checkpoint]` and `[eval]`. Every section is a dataclass below; field metadata
+carries the allowed range or choices, so that an out-of-range value names the range and an unknown
+key names the closest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from smelt.errors import ConfigError
+from smelt.model.presets import MODEL_PRESETS
+
+
+def _opt(default: Any, *, range: tuple[float, float] | None = None, choices: tuple | None = None,
+         help: str = "") -> Any:
+    meta = {"range": range, "choices": choices, "help": help}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class RunConfig:
+    name: str = _opt("run", help="run directory name under `dir`")
+    dir: str = _opt("runs", help="parent directory of run directories")
+    seed: int = _opt(1337, range=(0, 2**32 - 1), help="seed every stage derives its randomness from")
+
+
+@dataclass
+class SourceConfig:
+    name: str = _opt("", help="source name; becomes documents/<split>/<name>/")
+    format: str = _opt("text", choices=("text", "jsonl", "parquet"),
+                       help="text: one document per file; jsonl/parquet: one document per record")
+    root: str = _opt(".", help="directory the globs are relative to; `{stdlib}` is this Python's stdlib")
+    include: list[str] = _opt(["**/*"], help="glob patterns relative to root")
+    exclude: list[str] = _opt([], help="glob patterns (relative to root) to leave out")
+    text_field: str = _opt("text", help="record field with the text (jsonl, parquet)")
+    id_field: str = _opt("", help="record field with a stable id; empty: <file>:<record number>")
+    url_field: str = _opt("", help="record field with the URL, if any")
+    code: bool = _opt(False, help="code keeps its whitespace exactly (no blank-line collapsing)")
+    max_files: int = _opt(0, range=(0, 10**9), help="read at most this many files (0: all)")
+
+
+@dataclass
+class DataConfig:
+    sources: list[SourceConfig] = _opt([], help="[[data.sources]] tables")
+    min_chars: int = _opt(64, range=(0, 10**9), help="drop documents shorter than this")
+    max_chars: int = _opt(1_000_000, range=(1, 10**10), help="drop documents longer than this")
+    exact_dedup: bool = _opt(True, help="drop exact duplicates of normalized text")
+    val_fraction: float = _opt(0.02, range=(0.0, 0.5), help="share of provenance units sent to val")
+    docs_per_part: int = _opt(50_000, range=(1, 10**8), help="documents per parquet part")
+    workers: int = _opt(0, range=(0, 1024), help="reader processes (0: one per core)")
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = _opt(8192, range=(256, 1_048_576), help="BPE vocabulary incl. special tokens")
+    pad_to_multiple: int = _opt(128, range=(1, 4096), help="embedding rows padded to a multiple of this")
+    special_tokens: list[str] = _opt(["<|bos|>", "<|eos|>", "<|pad|>"],
+                                     help="special tokens; the first three are bos, eos, pad")
+    sample_bytes: int = _opt(50_000_000, range=(1_000, 10**13), help="training-sample byte budget")
+    min_frequency: int = _opt(2, range=(1, 10**9), help="minimum pair count for a merge")
+    pattern: str = _opt("gpt4", help="pre-tokenization regex: `gpt4`, `gpt2`, or a regex")
+
+
+@dataclass
+class TokensConfig:
+    shard_tokens: int = _opt(100_000_000, range=(1_000, 10**11), help="tokens per shard file")
+    batch_docs: int = _opt(1024, range=(1, 10**7), help="documents encoded per batch")
+
+
+@dataclass
+class ModelConfig:
+    preset: str = _opt("", help="named shape; any key below overrides it")
+    d_model: int = _opt(256, range=(8, 65536))
+    n_layers: int = _opt(4, range=(1, 1024))
+    n_heads: int = _opt(4, range=(1, 1024))
+    n_kv_heads: int = _opt(0, range=(0, 1024), help="key/value heads for GQA (0: n_heads)")
+    d_ff: int = _opt(0, range=(0, 10**6), help="SwiGLU hidden size (0: 8/3 d rounded)")
+    rope_theta: float = _opt(10_000.0, range=(1.0, 1e9))
+    norm_eps: float = _opt(1e-5, range=(1e-12, 1e-1))
+    qk_norm: bool = _opt(False, help="RMSNorm on queries and keys per head")
+    tie_embeddings: bool = _opt(True)
+    init_std: float = _opt(0.02, range=(1e-6, 1.0))
+    max_seq_len: int = _opt(1024, range=(8, 10**7))
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = _opt(256, range=(8, 10**7))
+    micro_batch: int = _opt(16, range=(1, 10**6), help="sequences per forward/backward per process")
+    batch_tokens: int = _opt(0, range=(0, 10**10),
+                             help="global batch in tokens (0: seq_len x micro_batch x world size)")
+    tokens: int = _opt(10_000_000, range=(1, 10**15), help="total training tokens")
+    lr: float = _opt(3e-3, range=(0.0, 10.0))
+    min_lr_ratio: float = _opt(0.1, range=(0.0, 1.0), help="cosine floor as a fraction of lr")
+    warmup_tokens: int = _opt(0, range=(0, 10**15), help="linear warmup (0: 2% of tokens)")
+    weight_decay: float = _opt(0.1, range=(0.0, 10.0))
+    beta1: float = _opt(0.9, range=(0.0, 1.0))
+    beta2: float = _opt(0.95, range=(0.0, 1.0))
+    eps: float = _opt(1e-8, range=(0.0, 1.0))
+    grad_clip: float = _opt(1.0, range=(0.0, 1e6), help="global-norm clip (0: off)")
+    precision: str = _opt("auto", choices=("auto", "bf16", "fp16", "fp32"),
+                          help="auto: bf16 autocast where the hardware has it, else fp32")
+    device: str = _opt("auto", help="auto, cpu, cuda or cuda:N")
+    threads: int = _opt(0, range=(0, 1024), help="CPU threads for torch (0: one per core)")
+    compile: bool = _opt(False, help="torch.compile the model")
+    log_every: int = _opt(10, range=(1, 10**9), help="steps between train-metric lines")
+    eval_every: int = _opt(100, range=(0, 10**9), help="steps between validation losses (0: end only)")
+    eval_tokens: int = _opt(65_536, range=(0, 10**12), help="validation tokens per periodic evaluation")
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = _opt(0, range=(0, 10**9), help="steps between checkpoints (0: final only)")
+    keep_last: int = _opt(2, range=(1, 10**6), help="checkpoints kept besides the final one")
+
+
+@dataclass
+class EvalConfig:
+    max_bytes: int = _opt(0, range=(0, 10**13), help="held-out bytes to score (0: all)")
+    batch_size: int = _opt(8, range=(1, 10**5))
+    prompts: list[str] = _opt(["def ", "import ", "class "], help="fixed prompts for samples")
+    max_new_tokens: int = _opt(48, range=(1, 10**6))
+    temperature: float = _opt(0.8, range=(0.0, 100.0), help="0: greedy")
+    top_k: int = _opt(40, range=(0, 10**7), help="0: no top-k cut")
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir) / self.run.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def section_hash(self, *sections: str) -> str:
+        return hash_json({name: dataclasses.asdict(getattr(self, name)) for name in sections})
+
+
+def hash_json(value: Any) -> str:
+    """sha256 of the canonical JSON of a value: the hash of a resolved config."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a TOML file (or only defaults when `path` is None), apply `a.b=c` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist. Pass the path of a TOML pipeline file, "
+                f"for example configs/quickstart.toml."
+            )
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}. Fix the syntax.") from exc
+    for item in overrides:
+        apply_override(raw, item)
+    return config_from_dict(raw, origin=str(path) if path else "<defaults>")
+
+
+def config_from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
+    raw = json.loads(json.dumps(raw))  # deep copy; TOML values are JSON values
+    model = raw.get("model")
+    if isinstance(model, dict) and model.get("preset"):
+        name = model["preset"]
+        if name not in MODEL_PRESETS:
+            raise ConfigError(
+                f"{origin}: model.preset = {name!r} is not a known preset{_suggest(name, MODEL_PRESETS)}. "
+                f"Known presets: {', '.join(MODEL_PRESETS)}."
+            )
+        raw["model"] = {**MODEL_PRESETS[name], **model}
+    cfg = _build(Config, raw, "", origin)
+    _check_cross_fields(cfg, origin)
+    return cfg
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one `section.key=value` override; the value is read as TOML, else taken as a string."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} has no '='. Write it as section.key=value, e.g. train.lr=1e-3.")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"override key {key!r} must name a section and a key, e.g. train.lr=1e-3.")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    node = raw
+    for part in parts[:-1]:
+        if part.isdigit() and isinstance(node, list):
+            index = int(part)
+            if index >= len(node):
+                raise ConfigError(f"override {item!r}: index {index} is past the end of the list ({len(node)}).")
+            node = node[index]
+            continue
+        node = node.setdefault(part, {})
+        if not isinstance(node, (dict, list)):
+            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section.")
+    node[parts[-1]] = value
+
+
+def _suggest(name: str, options: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _build(cls: type, raw: Any, prefix: str, origin: str) -> Any:
+    where = prefix.rstrip(".") or "the top level"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: {where} must be a table, got {type(raw).__name__}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(
+                f"{origin}: unknown key {prefix}{key}{_suggest(key, fields)}. "
+                f"Valid keys in {where}: {', '.join(fields)}."
+            )
+    values = {}
+    for name, f in fields.items():
+        if name not in raw:
+            continue
+        values[name] = _coerce(hints[name], raw[name], f"{prefix}{name}", f.metadata, origin)
+    return cls(**values)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+
+
+def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) -> Any:
+    def wrong() -> ConfigError:
+        return ConfigError(
+            f"{origin}: {key} must be {_type_name(tp)}, got {value!r} ({type(value).__name__}). "
+            f"Fix the value in the config or the --set override."
+        )
+
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".", origin)
+    if typing.get_origin(tp) in (list, types.GenericAlias) or typing.get_origin(tp) is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise wrong()
+        return [_coerce(item_tp, v, f"{key}[{i}]", {}, origin) for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise wrong()
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise wrong()
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong()
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise wrong()
+    lo_hi = meta.get("range") if meta else None
+    if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
+        raise ConfigError(
+            f"{origin}: {key} = {value!r} is out of range; it must lie in [{lo_hi[0]:g}, {lo_hi[1]:g}]."
+        )
+    choices = meta.get("choices") if meta else None
+    if choices is not None and value not in choices:
+        raise ConfigError(
+            f"{origin}: {key} = {value!r} is not one of {', '.join(map(repr, choices))}"
+            f"{_suggest(str(value), choices)}."
+        )
+    return value
+
+
+def _check_cross_fields(cfg: Config, origin: str) -> None:
+    m = cfg.model
+    kv = m.n_kv_heads or m.n_heads
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"{origin}: model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads}).")
+    if m.n_heads % kv:
+        raise ConfigError(
+            f"{origin}: model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({kv}) for GQA."
+        )
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError(f"{origin}: the head dimension d_model / n_heads must be even for RoPE.")
+    if cfg.train.seq_len > m.max_seq_len:
+        raise ConfigError(
+            f"{origin}: train.seq_len ({cfg.train.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); "
+            f"raise model.max_seq_len or lower train.seq_len."
+        )
+    if cfg.data.min_chars > cfg.data.max_chars:
+        raise ConfigError(f"{origin}: data.min_chars ({cfg.data.min_chars}) exceeds data.max_chars.")
+    names = [s.name for s in cfg.data.sources]
+    for i, source in enumerate(cfg.data.sources):
+        if not source.name:
+            raise ConfigError(f"{origin}: data.sources[{i}].name is empty; give every source a name.")
+        if not source.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(
+                f"{origin}: data.sources[{i}].name = {source.name!r} must use letters, digits, - and _ only "
+                f"(it becomes a directory name)."
+            )
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{origin}: data.sources names must be unique; repeated: {', '.join(dupes)}.")
+    t = cfg.tokenizer
+    if len(t.special_tokens) < 3:
+        raise ConfigError(f"{origin}: tokenizer.special_tokens needs at least bos, eos and pad.")
+    if len(set(t.special_tokens)) != len(t.special_tokens):
+        raise ConfigError(f"{origin}: tokenizer.special_tokens repeats a token; list each once.")
+    smallest = 256 + len(t.special_tokens)
+    if t.vocab_size < smallest:
+        raise ConfigError(
+            f"{origin}: tokenizer.vocab_size = {t.vocab_size} is too small: a byte-level BPE needs 256 byte "
+            f"tokens plus {len(t.special_tokens)} special tokens. Set tokenizer.vocab_size >= {smallest}."
+        )
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) for every key: the reference printed by `smelt config --help`-style output."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += describe(tp, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append((prefix + f.name, json.dumps(default), f.metadata.get("help", "")))
+    return rows
