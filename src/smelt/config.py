@@ -13,7 +13,6 @@ import difflib
 import hashlib
 import json
 import sys
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,7 +236,10 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 
 def _suggest(name: str, options: typing.Iterable[str]) -> str:
-    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.5)
+    options = list(options)
+    # A typo usually keeps the real key as a prefix (`lr_typo`, `seq_length`); prefer the longest such key.
+    prefixed = [o for o in options if name.startswith(o) and len(o) >= 2]
+    close = sorted(prefixed, key=len, reverse=True) or difflib.get_close_matches(name, options, n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -279,7 +281,7 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) ->
 
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key + ".", origin)
-    if typing.get_origin(tp) in (list, types.GenericAlias) or typing.get_origin(tp) is list:
+    if typing.get_origin(tp) is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, list):
             raise wrong()

@@ -1,0 +1,119 @@
+"""Which files a source reads: root resolution (`{stdlib}`), include/exclude globs, `max_files`."""
+
+from __future__ import annotations
+
+import os
+import re
+import sysconfig
+from functools import lru_cache
+from pathlib import Path
+
+from smelt.config import DataConfig, SourceConfig
+from smelt.errors import UserError
+
+STDLIB = "{stdlib}"
+# Third-party packages live under the stdlib directory but are not the standard library.
+_NOT_STDLIB = {"site-packages", "dist-packages"}
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def resolve_root(source: SourceConfig) -> Path:
+    """The directory a source's globs are relative to; `{stdlib}` is this interpreter's stdlib."""
+    text = source.root.replace(STDLIB, str(stdlib_dir()))
+    root = Path(os.path.expanduser(text)).resolve()
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise UserError(
+            f"source {source.name!r}: root {source.root!r} {what} (resolved to {root}). "
+            f"Set data.sources root to an existing directory (relative paths are relative to the "
+            f"directory you run smelt from), or '{STDLIB}' for this Python's standard library."
+        )
+    return root
+
+
+@lru_cache(maxsize=256)
+def glob_regex(pattern: str) -> re.Pattern:
+    """A glob over posix relative paths: `**` spans directories, `*` and `?` stay within one."""
+    out, i = [], 0
+    while i < len(pattern):
+        c = pattern[i]
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif c == "*":
+            out.append("[^/]*")
+            i += 1
+        elif c == "?":
+            out.append("[^/]")
+            i += 1
+        elif c == "[" and "]" in pattern[i + 2 :]:
+            end = pattern.index("]", i + 2)
+            body = pattern[i + 1 : end]
+            if body.startswith("!"):
+                body = "^" + body[1:]
+            out.append("[" + body.replace("\\", "\\\\") + "]")
+            i = end + 1
+        else:
+            out.append(re.escape(c))
+            i += 1
+    return re.compile("".join(out) + r"\Z")
+
+
+def matches(rel: str, patterns: list[str]) -> bool:
+    return any(glob_regex(p).match(rel) for p in patterns)
+
+
+def _check_pattern(source: SourceConfig, key: str, pattern: str) -> None:
+    if not pattern or pattern.startswith(("/", "~")) or ".." in Path(pattern).parts:
+        raise UserError(
+            f"source {source.name!r}: {key} pattern {pattern!r} must be a non-empty glob relative to root "
+            f"{source.root!r} (no leading '/', '~' or '..'). Move the directory into root instead."
+        )
+
+
+def source_files(source: SourceConfig) -> tuple[Path, list[Path]]:
+    """(root, files) for one source: matched by include, not by exclude, sorted, capped by max_files."""
+    root = resolve_root(source)
+    for key in ("include", "exclude"):
+        for pattern in getattr(source, key):
+            _check_pattern(source, key, pattern)
+    in_stdlib = source.root.startswith(STDLIB)
+    found: dict[str, Path] = {}
+    for pattern in source.include:
+        for path in root.glob(pattern):
+            rel = path.relative_to(root).as_posix()
+            if rel in found or not path.is_file():
+                continue
+            if in_stdlib and _NOT_STDLIB.intersection(rel.split("/")):
+                continue
+            if matches(rel, source.exclude):
+                continue
+            found[rel] = path
+    files = [found[rel] for rel in sorted(found)]
+    if source.max_files:
+        files = files[: source.max_files]
+    if not files:
+        excluded = f" and exclude = {source.exclude!r}" if source.exclude else ""
+        raise UserError(
+            f"source {source.name!r}: include = {source.include!r}{excluded} matches no files under root "
+            f"{source.root!r} ({root}). Fix the include patterns (they are relative to root; use "
+            f"'**/*.txt' to match recursively) or the root."
+        )
+    return root, files
+
+
+def resolve_all(cfg: DataConfig) -> dict[str, tuple[Path, list[Path]]]:
+    """(root, files) per source name, in config order."""
+    if not cfg.sources:
+        raise UserError(
+            "data.sources is empty: there is nothing to curate. Add at least one [[data.sources]] table "
+            "with name, format, root and include, e.g. name = \"stdlib\", format = \"text\", "
+            "root = \"{stdlib}\", include = [\"**/*.py\"]."
+        )
+    return {source.name: source_files(source) for source in cfg.sources}

@@ -1,0 +1,177 @@
+"""Held-out loss and bits-per-byte per source, against gzip and xz on exactly the same bytes, plus samples.
+
+Bits-per-byte = (sum of the model's token losses in nats) / ln 2 / (UTF-8 bytes of the scored text).
+Each source's validation stream (documents joined by EOS, as tokenized) is prefixed with one EOS, so
+every text token is predicted exactly once, from a context that starts at a document boundary; the EOS
+tokens after each document are scored too, which the model pays for with no bytes in return. The byte
+count comes from the documents themselves, and gzip and xz compress exactly those bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+
+from smelt.config import Config
+from smelt.errors import UserError
+from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
+from smelt.manifest import combined_hash, write_json
+from smelt.progress import progress
+
+TASK_SET_VERSION = "heldout-v1"
+
+
+def read_split_texts(documents_dir: Path, split: str, source: str) -> list[str]:
+    texts: list[str] = []
+    for part in sorted((documents_dir / split / source).glob("part-*.parquet")):
+        texts.extend(pq.read_table(part, columns=["text"]).column("text").to_pylist())
+    return texts
+
+
+@torch.no_grad()
+def stream_nll(model: torch.nn.Module, stream: np.ndarray, seq_len: int, batch_size: int,
+               device: torch.device) -> tuple[float, int]:
+    """Sum of token losses (nats, float64) over every token of `stream` but the first, and their count.
+
+    Windows of seq_len + 1 tokens overlap by one token, so each token is a target exactly once; a
+    window's losses do not depend on which other windows share its batch (padding is never attended
+    to by earlier positions and is excluded from the loss).
+    """
+    model.eval()
+    starts = list(range(0, max(len(stream) - 1, 0), seq_len))
+    total, count = 0.0, 0
+    for first in progress(range(0, len(starts), batch_size), desc="heldout", unit="batch"):
+        chunk = starts[first:first + batch_size]
+        inputs = torch.zeros((len(chunk), seq_len), dtype=torch.long)
+        targets = torch.full((len(chunk), seq_len), -100, dtype=torch.long)
+        for row, start in enumerate(chunk):
+            window = torch.from_numpy(stream[start:start + seq_len + 1].astype(np.int64))
+            inputs[row, : len(window) - 1] = window[:-1]
+            targets[row, : len(window) - 1] = window[1:]
+        inputs, targets = inputs.to(device), targets.to(device)
+        logits, _ = model(inputs)
+        losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100,
+                                 reduction="none")
+        mask = targets.flatten() != -100
+        total += losses[mask].double().sum().item()
+        count += int(mask.sum().item())
+    return total, count
+
+
+def heldout_bits_per_byte(model: torch.nn.Module, tokens_dir: Path, documents_dir: Path, eos_id: int,
+                          seq_len: int, batch_size: int, max_bytes: int = 0, split: str = "val",
+                          device: torch.device | None = None) -> dict[str, Any]:
+    """Loss and bits-per-byte of the model, gzip and xz, per source and over all sources of `split`."""
+    from smelt.tokens.shards import ShardSet
+
+    device = device or torch.device("cpu")
+    split_dir = tokens_dir / split
+    sources = sorted(p.name for p in split_dir.iterdir() if p.is_dir()) if split_dir.is_dir() else []
+    if not sources:
+        raise UserError(f"no {split!r} token shards under {split_dir}. Set data.val_fraction > 0 and rerun.")
+    per_source: dict[str, dict[str, Any]] = {}
+    all_bytes: list[bytes] = []
+    nll_total, tokens_total = 0.0, 0
+    byte_cap = max_bytes // len(sources) if max_bytes else 0
+    for source in sources:
+        shards = ShardSet(tokens_dir, split, source)
+        texts = read_split_texts(documents_dir, split, source)
+        starts = shards.document_starts()
+        if len(starts) != len(texts):
+            raise UserError(
+                f"{split_dir / source} holds {len(starts)} documents but {documents_dir / split / source} "
+                f"holds {len(texts)}: the tokens are stale. Rerun `smelt tokenize --force`."
+            )
+        encoded = [t.encode("utf-8") for t in texts]
+        n_docs = len(encoded)
+        if byte_cap:
+            running = 0
+            for n_docs, blob in enumerate(encoded, start=1):  # noqa: B007 - n_docs is the result
+                running += len(blob)
+                if running >= byte_cap:
+                    break
+        end = int(starts[n_docs]) if n_docs < len(starts) else shards.total_tokens
+        stream = np.concatenate([np.array([eos_id], dtype=np.int64), shards.read(0, end).astype(np.int64)])
+        nll, count = stream_nll(model, stream, seq_len, batch_size, device)
+        data = b"".join(encoded[:n_docs])
+        per_source[source] = _figures(nll, count, data, n_docs)
+        all_bytes.append(data)
+        nll_total += nll
+        tokens_total += count
+    overall = _figures(nll_total, tokens_total, b"".join(all_bytes),
+                       sum(s["documents"] for s in per_source.values()))
+    return {"overall": overall, "per_source": per_source}
+
+
+def _figures(nll: float, tokens: int, data: bytes, documents: int) -> dict[str, Any]:
+    n_bytes = max(len(data), 1)
+    return {
+        "documents": documents,
+        "tokens": tokens,
+        "bytes": len(data),
+        "loss": nll / max(tokens, 1),
+        "bits_per_byte": nll / math.log(2) / n_bytes,
+        "bytes_per_token": len(data) / max(tokens, 1),
+        "gzip_bits_per_byte": gzip_bits_per_byte(data),
+        "xz_bits_per_byte": xz_bits_per_byte(data),
+    }
+
+
+def samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
+            temperature: float, top_k: int, seed: int) -> list[dict[str, str]]:
+    """Continuations of fixed prompts; each prompt starts after an EOS, as documents do in training."""
+    from smelt.model.generate import generate
+
+    gallery = []
+    for i, prompt in enumerate(prompts):
+        prompt_ids = [tokenizer.eos_id] + tokenizer.encode(prompt)
+        out = generate(model, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                       top_k=top_k, seed=seed + i, eos_id=tokenizer.eos_id)
+        gallery.append({"prompt": prompt, "completion": tokenizer.decode(out[len(prompt_ids):])})
+    return gallery
+
+
+def evaluate_run(cfg: Config, run_dir: Path, out_dir: Path, checkpoint: str = "latest") -> dict[str, Any]:
+    """Evaluate one checkpoint of a run; write out_dir/step_NNNNNNN.json and return its figures."""
+    from smelt.checkpoint import latest_checkpoint, load_model
+    from smelt.tokenizer.load import Tokenizer
+
+    started = time.time()
+    checkpoints = run_dir / "train" / "checkpoints"
+    if checkpoint == "latest":
+        path = latest_checkpoint(checkpoints)
+        if path is None:
+            raise UserError(f"no committed checkpoint under {checkpoints}. Run `smelt train CONFIG` first.")
+    else:
+        path = checkpoints / f"step_{int(checkpoint):07d}"
+        if not (path / "COMMITTED").is_file():
+            raise UserError(f"checkpoint {path} does not exist or is incomplete. Pick a step listed in "
+                            f"{checkpoints}, or `latest`.")
+    model, meta = load_model(path, device="cpu")
+    tokenizer = Tokenizer.load(run_dir / "tokenizer")
+    heldout = heldout_bits_per_byte(
+        model, run_dir / "tokens", run_dir / "documents", tokenizer.eos_id, cfg.train.seq_len,
+        cfg.eval.batch_size, cfg.eval.max_bytes,
+    )
+    gallery = samples(model, tokenizer, cfg.eval.prompts, cfg.eval.max_new_tokens, cfg.eval.temperature,
+                      cfg.eval.top_k, cfg.run.seed)
+    step = int(meta["step"])
+    result = {
+        "step": step,
+        "tokens_seen": meta.get("tokens"),
+        "checkpoint": str(path),
+        "checkpoint_hash": combined_hash(meta.get("checksums", {})),
+        "task_set_version": TASK_SET_VERSION,
+        "heldout": heldout,
+        "samples": gallery,
+        "wall_time_s": round(time.time() - started, 3),
+    }
+    write_json(out_dir / f"step_{step:07d}.json", result)
+    return result
