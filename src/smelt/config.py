@@ -70,7 +70,7 @@ class DataConfig:
 
 @dataclass
 class TokenizerConfig:
-    vocab_size: int = _opt(8192, range=(256, 1_048_576), help="BPE vocabulary incl. special tokens")
+    vocab_size: int = _opt(8192, range=(1, 1_048_576), help="BPE vocabulary incl. special tokens")
     pad_to_multiple: int = _opt(128, range=(1, 4096), help="embedding rows padded to a multiple of this")
     special_tokens: list[str] = _opt(["<|bos|>", "<|eos|>", "<|pad|>"],
                                      help="special tokens; the first three are bos, eos, pad")
@@ -305,7 +305,7 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) ->
     lo_hi = meta.get("range") if meta else None
     if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
         raise ConfigError(
-            f"{origin}: {key} = {value!r} is out of range; it must lie in [{lo_hi[0]:g}, {lo_hi[1]:g}]."
+            f"{origin}: {key} = {value!r} is out of range; it must lie in [{_num(lo_hi[0])}, {_num(lo_hi[1])}]."
         )
     choices = meta.get("choices") if meta else None
     if choices is not None and value not in choices:
@@ -314,6 +314,10 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) ->
             f"{_suggest(str(value), choices)}."
         )
     return value
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 def _check_cross_fields(cfg: Config, origin: str) -> None:

@@ -48,6 +48,8 @@ class Ledger:
     entries: list[dict[str, Any]] = field(default_factory=list)
     steps: Counter = field(default_factory=Counter)  # (step, "in"|"out") -> n
     records_in: Counter = field(default_factory=Counter)  # source -> records seen by the readers
+    files: Counter = field(default_factory=Counter)  # (source, "ok"|"empty"|"unreadable") -> files
+    n_quarantined: int = 0
 
     def quarantine(
         self, source: str, id: str, file: str, line: int | None, reason: str, detail: str = "", **extra: Any
@@ -58,6 +60,7 @@ class Ledger:
             entry["detail"] = detail
         entry.update(extra)
         self.entries.append(entry)
+        self.n_quarantined += 1
 
     def drop(self, doc: Doc, reason: str, **extra: Any) -> None:
         """A readable document removed by a filter or by dedup; a preview, never the full text."""
@@ -82,3 +85,5 @@ class Ledger:
         self.entries.extend(other.entries)
         self.steps.update(other.steps)
         self.records_in.update(other.records_in)
+        self.files.update(other.files)
+        self.n_quarantined += other.n_quarantined

@@ -1,0 +1,194 @@
+"""Readers: one file in, documents with provenance out; unreadable records go to the quarantine.
+
+Every reader increments `ledger.records_in` once per record it sees (a document or a quarantined
+record) and sets the file's status in `ledger.files`: "ok" (at least one record with visible text),
+"empty" (no record, or only whitespace) or "unreadable" (nothing could be read as a document).
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import importlib.util
+import io
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from smelt.config import SourceConfig
+from smelt.data.document import Doc, Ledger, preview
+from smelt.errors import UserError
+
+BATCH_ROWS = 1024
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """What a worker process needs to read one source's files (small and picklable)."""
+
+    name: str
+    index: int
+    format: str
+    root: str
+    text_field: str = "text"
+    id_field: str = ""
+    url_field: str = ""
+
+    @classmethod
+    def of(cls, source: SourceConfig, index: int, root: Path) -> ReadSpec:
+        return cls(source.name, index, source.format, str(root), source.text_field, source.id_field,
+                   source.url_field)
+
+
+def check_readable(spec: ReadSpec, files: list[Path]) -> None:
+    """Fail early on inputs this installation cannot read at all."""
+    if spec.format == "jsonl" and importlib.util.find_spec("zstandard") is None:
+        zst = [f for f in files if f.name.endswith(".zst")]
+        if zst:
+            raise UserError(
+                f"source {spec.name!r}: {zst[0]} (and {len(zst) - 1} more) is zstd-compressed, but the "
+                f"'zstandard' package is not installed. Run `pip install zstandard`, or decompress the files."
+            )
+
+
+def read_file(spec: ReadSpec, path: Path, ledger: Ledger) -> Iterator[Doc]:
+    rel = path.relative_to(spec.root).as_posix()
+    reader = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}[spec.format]
+    state = {"records": 0, "visible": False}
+    mark = ledger.n_quarantined
+    for doc in reader(spec, path, rel, ledger, state):
+        if not state["visible"] and doc.text.strip():
+            state["visible"] = True
+        yield doc
+    if state["visible"]:
+        status = "ok"
+    elif state["records"] == 0 or ledger.n_quarantined == mark:
+        status = "empty"  # no records, or only whitespace ones
+    else:
+        status = "unreadable"
+    ledger.files[(spec.name, status)] += 1
+
+
+def _read_text(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict) -> Iterator[Doc]:
+    data = path.read_bytes()
+    state["records"] = 1
+    ledger.records_in[spec.name] += 1
+    if b"\x00" in data:
+        ledger.quarantine(spec.name, rel, rel, None, "binary", "contains NUL bytes", bytes=len(data))
+        return
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        ledger.quarantine(spec.name, rel, rel, None, "decode_error", f"not UTF-8: {exc}", bytes=len(data))
+        return
+    yield Doc(spec.name, spec.index, rel, text, rel)
+
+
+def _open_jsonl(path: Path) -> io.BufferedIOBase:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    return open(path, "rb")
+
+
+def _read_jsonl(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict) -> Iterator[Doc]:
+    number = 0
+    try:
+        with _open_jsonl(path) as handle:
+            for number, raw in enumerate(handle, start=1):
+                if not raw.strip():
+                    continue
+                state["records"] += 1
+                ledger.records_in[spec.name] += 1
+                doc = _jsonl_record(spec, rel, number, raw, ledger)
+                if doc is not None:
+                    yield doc
+    except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt compressed stream
+        state["records"] += 1
+        ledger.records_in[spec.name] += 1
+        ledger.quarantine(spec.name, f"{rel}:{number + 1}", rel, number + 1, "decode_error",
+                          f"cannot read past line {number}: {type(exc).__name__}: {exc}")
+
+
+def _jsonl_record(spec: ReadSpec, rel: str, number: int, raw: bytes, ledger: Ledger) -> Doc | None:
+    default_id = f"{rel}:{number}"
+    if number == 1 and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8) :]
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        ledger.quarantine(spec.name, default_id, rel, number, "decode_error", f"not UTF-8: {exc}")
+        return None
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        ledger.quarantine(spec.name, default_id, rel, number, "bad_json", str(exc), preview=preview(line))
+        return None
+    if not isinstance(record, dict):
+        ledger.quarantine(spec.name, default_id, rel, number, "bad_json",
+                          f"a JSON {type(record).__name__}, not an object", preview=preview(line))
+        return None
+    return _make_doc(spec, rel, number, default_id, record, ledger)
+
+
+def _make_doc(spec: ReadSpec, rel: str, number: int, default_id: str, record: dict[str, Any],
+              ledger: Ledger) -> Doc | None:
+    text = record.get(spec.text_field)
+    if not isinstance(text, str):
+        detail = (f"no field {spec.text_field!r}" if text is None
+                  else f"field {spec.text_field!r} is a {type(text).__name__}, not a string")
+        ledger.quarantine(spec.name, default_id, rel, number, "missing_text_field", detail,
+                          fields=sorted(record)[:20])
+        return None
+    doc_id = default_id
+    if spec.id_field:
+        value = record.get(spec.id_field)
+        if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+            ledger.quarantine(spec.name, default_id, rel, number, "missing_id",
+                              f"field {spec.id_field!r} is missing, empty or not a string/integer",
+                              fields=sorted(record)[:20])
+            return None
+        doc_id = str(value)
+    url = record.get(spec.url_field) if spec.url_field else None
+    url = None if url is None or url == "" else str(url)
+    return Doc(spec.name, spec.index, doc_id, text, rel, number, url)
+
+
+def _read_parquet(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict) -> Iterator[Doc]:
+    try:
+        parquet = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        state["records"] = 1
+        ledger.records_in[spec.name] += 1
+        ledger.quarantine(spec.name, rel, rel, None, "decode_error", f"not a parquet file: {exc}")
+        return
+    names = parquet.schema_arrow.names
+    wanted = [f for f in (spec.text_field, spec.id_field, spec.url_field) if f]
+    for key, column in zip(("text_field", "id_field", "url_field"),
+                           (spec.text_field, spec.id_field, spec.url_field), strict=True):
+        if column and column not in names:
+            raise UserError(
+                f"source {spec.name!r}: {path} has no column {column!r} (its columns: "
+                f"{', '.join(names[:30])}). Set {key} of the source to one of these columns."
+            )
+    row = 0
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=sorted(set(wanted))):
+        columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+        for i in range(batch.num_rows):
+            state["records"] += 1
+            ledger.records_in[spec.name] += 1
+            record = {name: values[i] for name, values in columns.items()}
+            doc = _make_doc(spec, rel, row, f"{rel}:{row}", record, ledger)
+            row += 1
+            if doc is not None:
+                yield doc

@@ -1,0 +1,115 @@
+"""The command line: help for every subcommand, and exit code 2 with a useful message for bad input."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from smelt.cli import main
+
+SUBCOMMANDS = [["quickstart"], ["run"], ["curate"], ["tokenizer"], ["tokenizer", "train"], ["tokenize"],
+               ["train"], ["eval"]]
+
+
+@pytest.mark.parametrize("words", SUBCOMMANDS)
+def test_every_subcommand_has_help(words, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([*words, "--help"])
+    assert info.value.code == 0
+    assert "usage: smelt " + " ".join(words) in capsys.readouterr().out
+
+
+def test_entry_point_runs_as_a_program():
+    done = subprocess.run([sys.executable, "-m", "smelt.cli", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("smelt ")
+
+
+def write_config(tmp_path, body: str):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(textwrap.dedent(body).replace("RUNS", str(tmp_path / "runs")))
+    return path
+
+
+def run_cli(args, capsys):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+def test_missing_config_file(tmp_path, capsys):
+    code, err = run_cli(["curate", tmp_path / "missing.toml"], capsys)
+    assert code == 2
+    assert "missing.toml" in err and "does not exist" in err and "Traceback" not in err
+
+
+def test_unknown_key_names_the_closest_valid_key(tmp_path, capsys):
+    path = write_config(tmp_path, "[train]\nlr_typo = 1\n")
+    code, err = run_cli(["run", path], capsys)
+    assert code == 2
+    assert "unknown key train.lr_typo" in err and "did you mean 'lr'" in err
+
+
+def test_wrong_type(tmp_path, capsys):
+    path = write_config(tmp_path, '[train]\nseq_len = "long"\n')
+    code, err = run_cli(["train", path], capsys)
+    assert code == 2 and "train.seq_len must be an integer" in err
+
+
+def test_bad_override(tmp_path, capsys):
+    path = write_config(tmp_path, "[run]\ndir = 'RUNS'\n")
+    code, err = run_cli(["run", path, "--set", "train.lr=-3"], capsys)
+    assert code == 2 and "train.lr = -3.0 is out of range" in err
+
+
+def test_vocab_smaller_than_bytes_plus_specials(tmp_path, capsys):
+    path = write_config(tmp_path, "[tokenizer]\nvocab_size = 200\n")
+    code, err = run_cli(["tokenizer", "train", path], capsys)
+    assert code == 2 and "tokenizer.vocab_size" in err and ">= 259" in err
+
+
+def source_config(tmp_path, root, include="**/*.txt"):
+    return write_config(tmp_path, f"""
+        [run]
+        dir = "RUNS"
+        [[data.sources]]
+        name = "mine"
+        root = "{root}"
+        include = ["{include}"]
+    """)
+
+
+def test_glob_matching_no_files(tmp_path, capsys):
+    (tmp_path / "corpus").mkdir()
+    code, err = run_cli(["curate", source_config(tmp_path, tmp_path / "corpus")], capsys)
+    assert code == 2
+    assert "mine" in err and "**/*.txt" in err and "Traceback" not in err
+
+
+def test_source_whose_files_are_all_empty(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"{i}.txt").write_text("" if i else "  \n")
+    code, err = run_cli(["curate", source_config(tmp_path, corpus)], capsys)
+    assert code == 2 and "mine" in err and "empty" in err
+
+
+def test_directory_of_binary_files(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(3):
+        (corpus / f"{i}.txt").write_bytes(bytes(range(256)) * 4)
+    code, err = run_cli(["curate", source_config(tmp_path, corpus)], capsys)
+    assert code == 2 and "mine" in err and "binary" in err
+
+
+def test_eval_of_a_directory_that_is_not_a_run(tmp_path, capsys):
+    code, err = run_cli(["eval", tmp_path], capsys)
+    assert code == 2 and "not a smelt run directory" in err
+
+
+def test_stage_without_its_inputs(tmp_path, capsys):
+    path = write_config(tmp_path, "[run]\ndir = 'RUNS'\n")
+    code, err = run_cli(["tokenize", path], capsys)
+    assert code == 2 and "has no manifest.json" in err and "curate" in err
