@@ -55,7 +55,14 @@ class Ledger:
         self, source: str, id: str, file: str, line: int | None, reason: str, detail: str = "", **extra: Any
     ) -> None:
         """A record that could not be read as a document (binary file, bad JSON, missing field...)."""
-        entry = {"kind": QUARANTINED, "id": id, "source": source, "file": file, "line": line, "reason": reason}
+        entry = {
+            "kind": QUARANTINED,
+            "id": id,
+            "source": source,
+            "file": file,
+            "line": line,
+            "reason": reason,
+        }
         if detail:
             entry["detail"] = detail
         entry.update(extra)

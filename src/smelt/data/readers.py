@@ -41,8 +41,9 @@ class ReadSpec:
 
     @classmethod
     def of(cls, source: SourceConfig, index: int, root: Path) -> ReadSpec:
-        return cls(source.name, index, source.format, str(root), source.text_field, source.id_field,
-                   source.url_field)
+        return cls(
+            source.name, index, source.format, str(root), source.text_field, source.id_field, source.url_field
+        )
 
 
 def check_readable(spec: ReadSpec, files: list[Path]) -> None:
@@ -116,8 +117,14 @@ def _read_jsonl(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dic
     except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt compressed stream
         state["records"] += 1
         ledger.records_in[spec.name] += 1
-        ledger.quarantine(spec.name, f"{rel}:{number + 1}", rel, number + 1, "decode_error",
-                          f"cannot read past line {number}: {type(exc).__name__}: {exc}")
+        ledger.quarantine(
+            spec.name,
+            f"{rel}:{number + 1}",
+            rel,
+            number + 1,
+            "decode_error",
+            f"cannot read past line {number}: {type(exc).__name__}: {exc}",
+        )
 
 
 def _jsonl_record(spec: ReadSpec, rel: str, number: int, raw: bytes, ledger: Ledger) -> Doc | None:
@@ -135,28 +142,46 @@ def _jsonl_record(spec: ReadSpec, rel: str, number: int, raw: bytes, ledger: Led
         ledger.quarantine(spec.name, default_id, rel, number, "bad_json", str(exc), preview=preview(line))
         return None
     if not isinstance(record, dict):
-        ledger.quarantine(spec.name, default_id, rel, number, "bad_json",
-                          f"a JSON {type(record).__name__}, not an object", preview=preview(line))
+        ledger.quarantine(
+            spec.name,
+            default_id,
+            rel,
+            number,
+            "bad_json",
+            f"a JSON {type(record).__name__}, not an object",
+            preview=preview(line),
+        )
         return None
     return _make_doc(spec, rel, number, default_id, record, ledger)
 
 
-def _make_doc(spec: ReadSpec, rel: str, number: int, default_id: str, record: dict[str, Any],
-              ledger: Ledger) -> Doc | None:
+def _make_doc(
+    spec: ReadSpec, rel: str, number: int, default_id: str, record: dict[str, Any], ledger: Ledger
+) -> Doc | None:
     text = record.get(spec.text_field)
     if not isinstance(text, str):
-        detail = (f"no field {spec.text_field!r}" if text is None
-                  else f"field {spec.text_field!r} is a {type(text).__name__}, not a string")
-        ledger.quarantine(spec.name, default_id, rel, number, "missing_text_field", detail,
-                          fields=sorted(record)[:20])
+        detail = (
+            f"no field {spec.text_field!r}"
+            if text is None
+            else f"field {spec.text_field!r} is a {type(text).__name__}, not a string"
+        )
+        ledger.quarantine(
+            spec.name, default_id, rel, number, "missing_text_field", detail, fields=sorted(record)[:20]
+        )
         return None
     doc_id = default_id
     if spec.id_field:
         value = record.get(spec.id_field)
         if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-            ledger.quarantine(spec.name, default_id, rel, number, "missing_id",
-                              f"field {spec.id_field!r} is missing, empty or not a string/integer",
-                              fields=sorted(record)[:20])
+            ledger.quarantine(
+                spec.name,
+                default_id,
+                rel,
+                number,
+                "missing_id",
+                f"field {spec.id_field!r} is missing, empty or not a string/integer",
+                fields=sorted(record)[:20],
+            )
             return None
         doc_id = str(value)
     url = record.get(spec.url_field) if spec.url_field else None
@@ -174,8 +199,9 @@ def _read_parquet(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: d
         return
     names = parquet.schema_arrow.names
     wanted = [f for f in (spec.text_field, spec.id_field, spec.url_field) if f]
-    for key, column in zip(("text_field", "id_field", "url_field"),
-                           (spec.text_field, spec.id_field, spec.url_field), strict=True):
+    for key, column in zip(
+        ("text_field", "id_field", "url_field"), (spec.text_field, spec.id_field, spec.url_field), strict=True
+    ):
         if column and column not in names:
             raise UserError(
                 f"source {spec.name!r}: {path} has no column {column!r} (its columns: "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sysconfig
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -69,6 +70,32 @@ def matches(rel: str, patterns: list[str]) -> bool:
     return any(glob_regex(p).match(rel) for p in patterns)
 
 
+def walk_glob(root: Path, pattern: str, prune: set[str]) -> Iterator[tuple[str, Path]]:
+    """(relative posix path, path) of the files under root matching pattern; directories named in
+    `prune` are never entered. Walks only below the pattern's literal prefix, and only as deep as needed."""
+    parts = [p for p in pattern.split("/") if p not in ("", ".")]
+    fixed: list[str] = []
+    for part in parts[:-1]:
+        if any(c in part for c in "*?["):
+            break
+        fixed.append(part)
+    base = root.joinpath(*fixed)
+    if prune.intersection(fixed) or not base.is_dir():
+        return
+    max_depth = None if "**" in pattern else len(parts) - len(fixed) - 1
+    regex = glob_regex("/".join(parts))
+    for dirpath, dirnames, filenames in os.walk(base):
+        rel_dir = Path(dirpath).relative_to(root).as_posix()
+        depth = len(Path(dirpath).relative_to(base).parts)
+        dirnames[:] = (
+            [] if max_depth is not None and depth >= max_depth else [d for d in dirnames if d not in prune]
+        )
+        for name in filenames:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if regex.match(rel):
+                yield rel, Path(dirpath) / name
+
+
 def _check_pattern(source: SourceConfig, key: str, pattern: str) -> None:
     if not pattern or pattern.startswith(("/", "~")) or ".." in Path(pattern).parts:
         raise UserError(
@@ -83,18 +110,12 @@ def source_files(source: SourceConfig) -> tuple[Path, list[Path]]:
     for key in ("include", "exclude"):
         for pattern in getattr(source, key):
             _check_pattern(source, key, pattern)
-    in_stdlib = source.root.startswith(STDLIB)
+    prune = _NOT_STDLIB if source.root.startswith(STDLIB) else set()
     found: dict[str, Path] = {}
     for pattern in source.include:
-        for path in root.glob(pattern):
-            rel = path.relative_to(root).as_posix()
-            if rel in found or not path.is_file():
-                continue
-            if in_stdlib and _NOT_STDLIB.intersection(rel.split("/")):
-                continue
-            if matches(rel, source.exclude):
-                continue
-            found[rel] = path
+        for rel, path in walk_glob(root, pattern, prune):
+            if rel not in found and not matches(rel, source.exclude) and path.is_file():
+                found[rel] = path
     files = [found[rel] for rel in sorted(found)]
     if source.max_files:
         files = files[: source.max_files]
@@ -113,7 +134,7 @@ def resolve_all(cfg: DataConfig) -> dict[str, tuple[Path, list[Path]]]:
     if not cfg.sources:
         raise UserError(
             "data.sources is empty: there is nothing to curate. Add at least one [[data.sources]] table "
-            "with name, format, root and include, e.g. name = \"stdlib\", format = \"text\", "
-            "root = \"{stdlib}\", include = [\"**/*.py\"]."
+            'with name, format, root and include, e.g. name = "stdlib", format = "text", '
+            'root = "{stdlib}", include = ["**/*.py"].'
         )
     return {source.name: source_files(source) for source in cfg.sources}

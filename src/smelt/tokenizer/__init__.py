@@ -1,0 +1,1 @@
+"""Tokenizer stage: train byte-level BPE tokenizers (train.py) and load them (load.py)."""

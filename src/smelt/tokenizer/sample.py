@@ -52,7 +52,11 @@ class Sample:
 
 
 def sample_texts(
-    documents_dir: Path, split: str, budget_bytes: int, seed: int, sample: Sample | None = None,
+    documents_dir: Path,
+    split: str,
+    budget_bytes: int,
+    seed: int,
+    sample: Sample | None = None,
     batch_docs: int = 1024,
 ) -> Iterator[list[str]]:
     """Yield batches of document texts: a seeded sample of `split` of at most `budget_bytes` UTF-8 bytes.
@@ -68,7 +72,7 @@ def sample_texts(
     total = sum(_text_bytes_estimate(f) for f in files)
     keep = 1.0 if total <= budget_bytes else budget_bytes / total
     sample = sample if sample is not None else Sample()
-    for part_index, (path, part) in enumerate(zip(parts, files)):
+    for part_index, (path, part) in enumerate(zip(parts, files, strict=True)):
         sample.parts.append(path.relative_to(documents_dir).as_posix())
         for group in range(part.metadata.num_row_groups):
             rows = part.metadata.row_group(group).num_rows

@@ -97,7 +97,9 @@ def train_tokenizer(cfg: TokenizerConfig, documents_dir: Path, out_dir: Path, se
     trained = tokenizer.get_vocab_size(with_added_tokens=True)
     multiple = cfg.pad_to_multiple
     padded = -(-trained // multiple) * multiple
-    reserved = [AddedToken(f"<|reserved_{i}|>", special=True, normalized=False) for i in range(padded - trained)]
+    reserved = [
+        AddedToken(f"<|reserved_{i}|>", special=True, normalized=False) for i in range(padded - trained)
+    ]
     if reserved:
         tokenizer.add_special_tokens(reserved)
     if tokenizer.get_vocab_size(with_added_tokens=True) != padded:  # pragma: no cover - a reserved name clash

@@ -1,0 +1,1 @@
+"""Token shards (shards.py: writer, reader) and the training loader (loader.py)."""

@@ -28,8 +28,14 @@ def epoch_permutation(seed: int, epoch: int, num_windows: int) -> np.ndarray:
 
 class TokenLoader:
     def __init__(
-        self, tokens_dir: Path, split: str, seq_len: int, batch_size: int, seed: int,
-        rank: int = 0, world_size: int = 1,
+        self,
+        tokens_dir: Path,
+        split: str,
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
     ):
         if seq_len < 1 or batch_size < 1:
             raise ValueError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")

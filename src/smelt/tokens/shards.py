@@ -12,10 +12,12 @@ from __future__ import annotations
 import bisect
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from smelt.config import TokensConfig
@@ -183,30 +185,55 @@ def _totals(rows) -> dict[str, Any]:
 
 
 def _encode_part(
-    path: Path, tokenizer: Tokenizer, writer: ShardWriter, batch_docs: int, eos: int, dtype: np.dtype,
-    counts: dict[str, int], bar,
+    path: Path,
+    tokenizer: Tokenizer,
+    writer: ShardWriter,
+    batch_docs: int,
+    eos: int,
+    dtype: np.dtype,
+    counts: dict[str, int],
+    bar,
 ) -> None:
+    """Encode one parquet part batch by batch; the next batch encodes (in Rust, GIL released) while
+    this one is packed and written."""
     try:
-        part = pq.ParquetFile(path)
-        batches = part.iter_batches(batch_size=batch_docs, columns=["text"])
+        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_docs, columns=["text"])
     except Exception as exc:
-        raise UserError(f"documents part {path} cannot be read ({exc}); re-run `smelt curate --force`.") from exc
-    for batch in batches:
-        texts = [t or "" for t in batch.column(0).to_pylist()]
-        encoded = tokenizer.encode_batch(texts)
-        lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
-        flat = np.empty(int(lengths.sum()), dtype=dtype)
-        ends = np.cumsum(lengths)
-        flat[ends - 1] = eos
-        position = 0
-        for ids, length in zip(encoded, lengths):
-            flat[position : position + length - 1] = ids
-            position += length
-        writer.write_batch(flat, lengths)
-        counts["documents"] += len(texts)
-        counts["tokens"] += int(lengths.sum())
-        counts["bytes"] += sum(len(t.encode("utf-8")) for t in texts)
-        bar.update(len(texts))
+        raise UserError(
+            f"documents part {path} cannot be read ({exc}); re-run `smelt curate --force`."
+        ) from exc
+
+    def encode(batch) -> tuple[list[list[int]], int, int]:
+        column = batch.column(0)
+        texts = [t or "" for t in column.to_pylist()]
+        size = pc.sum(pc.binary_length(column)).as_py() or 0
+        return tokenizer.encode_batch(texts), len(texts), size
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = None
+        for batch in batches:
+            following = pool.submit(encode, batch)
+            if pending is not None:
+                _write_encoded(pending.result(), writer, eos, dtype, counts, bar)
+            pending = following
+        if pending is not None:
+            _write_encoded(pending.result(), writer, eos, dtype, counts, bar)
+
+
+def _write_encoded(encoded_batch, writer: ShardWriter, eos: int, dtype: np.dtype, counts, bar) -> None:
+    encoded, documents, size = encoded_batch
+    lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
+    flat = np.empty(int(lengths.sum()), dtype=dtype)
+    flat[np.cumsum(lengths) - 1] = eos
+    position = 0
+    for ids, length in zip(encoded, lengths, strict=True):
+        flat[position : position + length - 1] = ids
+        position += length
+    writer.write_batch(flat, lengths)
+    counts["documents"] += documents
+    counts["tokens"] += int(lengths.sum())
+    counts["bytes"] += size
+    bar.update(documents)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,7 +243,9 @@ def _encode_part(
 def read_meta(tokens_dir: Path) -> dict[str, Any]:
     path = Path(tokens_dir) / META_JSON
     if not path.is_file():
-        raise UserError(f"no token shards at {tokens_dir}: {META_JSON} is missing. Run `smelt tokenize CONFIG` first.")
+        raise UserError(
+            f"no token shards at {tokens_dir}: {META_JSON} is missing. Run `smelt tokenize CONFIG` first."
+        )
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -291,6 +320,7 @@ class ShardSet:
         self.starts = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).astype(np.int64)
         self.total_tokens = int(self.starts[-1])
         self._starts_list = self.starts.tolist()
+        self._document_starts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return self.total_tokens
@@ -301,9 +331,10 @@ class ShardSet:
 
     def document_starts(self) -> np.ndarray:
         """Global start offset (int64) of every document in the concatenated stream, ascending."""
-        if not self.shards:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([s.offsets + start for s, start in zip(self.shards, self.starts[:-1])])
+        if self._document_starts is None:
+            pieces = [s.offsets + start for s, start in zip(self.shards, self.starts[:-1], strict=True)]
+            self._document_starts = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int64)
+        return self._document_starts
 
     def document(self, index: int) -> np.ndarray:
         """Tokens of document `index` (in stream order), EOS included."""

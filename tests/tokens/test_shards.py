@@ -1,0 +1,169 @@
+"""Token shards: format, splitting, determinism, reader and validation errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from smelt.config import TokenizerConfig, TokensConfig
+from smelt.errors import UserError
+from smelt.tokenizer.load import Tokenizer
+from smelt.tokenizer.train import train_tokenizer
+from smelt.tokens.shards import ShardSet, token_dtype, tokenize
+
+from .conftest import TEXTS, write_documents
+
+
+def _texts(documents: Path, split: str, source: str) -> list[str]:
+    texts = []
+    for part in sorted((documents / split / source).glob("part-*.parquet")):
+        texts += pq.read_table(part).column("text").to_pylist()
+    return texts
+
+
+def test_shard_format(tmp_path, documents, tokenizer_dir):
+    out = tmp_path / "tokens"
+    stats = tokenize(TokensConfig(shard_tokens=100_000, batch_docs=4), documents, tokenizer_dir, out)
+    tok = Tokenizer.load(tokenizer_dir)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta == {"dtype": "uint16", "vocab_size": 384, "eos_id": 1, "bos_id": 0, "pad_id": 2}
+    for split, source in (("train", "web"), ("train", "code"), ("val", "web")):
+        texts = _texts(documents, split, source)
+        bins = sorted((out / split / source).glob("*.bin"))
+        assert [b.name for b in bins] == ["00000.bin"]
+        data = np.fromfile(bins[0], dtype="<u2")
+        offsets = np.fromfile(bins[0].with_suffix(".idx"), dtype="<i8")
+        assert len(offsets) == len(texts) and offsets[0] == 0
+        ends = list(offsets[1:]) + [len(data)]
+        for text, start, end in zip(texts, offsets, ends, strict=True):
+            doc = data[start:end]
+            assert doc[-1] == tok.eos_id and tok.eos_id not in doc[:-1]
+            assert doc[:-1].tolist() == tok.encode(text)
+            assert tok.decode(doc[:-1]) == text
+        row = stats["splits"][split]["sources"][source]
+        assert row["documents"] == len(texts) and row["tokens"] == len(data) and row["shards"] == 1
+        assert row["bytes"] == sum(len(t.encode()) for t in texts)
+    on_disk = json.loads((out / "stats.json").read_text())
+    assert on_disk["documents"] == stats["documents"] == len(TEXTS) * 4 + 5 + 4
+    assert on_disk["tokens"] == sum(s["tokens"] for s in on_disk["splits"].values())
+    assert stats["mb_per_s"] > 0
+
+
+def test_shard_splitting(tmp_path, documents, tokenizer_dir):
+    out = tmp_path / "tokens"
+    limit = 60
+    tokenize(TokensConfig(shard_tokens=limit, batch_docs=3), documents, tokenizer_dir, out)
+    tok = Tokenizer.load(tokenizer_dir)
+    texts = _texts(documents, "train", "web")
+    expected = np.concatenate([np.array([*tok.encode(t), tok.eos_id]) for t in texts])
+    bins = sorted((out / "train" / "web").glob("*.bin"))
+    assert len(bins) > 3
+    stream, docs = [], 0
+    for i, path in enumerate(bins):
+        data = np.fromfile(path, dtype="<u2")
+        offsets = np.fromfile(path.with_suffix(".idx"), dtype="<i8")
+        assert path.name == f"{i:05d}.bin"
+        assert len(data) <= limit or len(offsets) == 1  # only a lone oversized document exceeds the limit
+        assert data[-1] == tok.eos_id  # documents are never split across shards
+        assert all(data[o - 1] == tok.eos_id for o in offsets[1:])
+        if i + 1 < len(bins):  # a shard is closed only when the next document does not fit
+            nxt = np.fromfile(bins[i + 1].with_suffix(".idx"), dtype="<i8")
+            first_next = np.fromfile(bins[i + 1], dtype="<u2")[: (nxt[1] if len(nxt) > 1 else None)]
+            assert len(data) + len(first_next) > limit
+        stream.append(data)
+        docs += len(offsets)
+    assert docs == len(texts)
+    assert np.array_equal(np.concatenate(stream), expected)
+    assert any(len(np.fromfile(b, dtype="<u2")) > limit for b in bins)  # the long document
+    shards = ShardSet(out, "train", "web")
+    assert shards.num_documents == len(texts) and shards.total_tokens == len(expected)
+    assert np.array_equal(shards.read(0, len(expected)), expected)
+    starts = shards.document_starts()
+    assert np.array_equal(shards.document(7), expected[starts[7] : starts[8]])
+
+
+def test_deterministic(tmp_path, documents, tokenizer_dir):
+    cfg = TokensConfig(shard_tokens=80, batch_docs=5)
+    tokenize(cfg, documents, tokenizer_dir, tmp_path / "a")
+    tokenize(cfg, documents, tokenizer_dir, tmp_path / "b")
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*") if p.is_file())
+    assert files_a == files_b and len(files_a) > 5
+    for rel in files_a:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+    # batch size changes nothing either, and a rerun replaces stale shards
+    tokenize(TokensConfig(shard_tokens=80, batch_docs=1000), documents, tokenizer_dir, tmp_path / "a")
+    for rel in files_a:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+    tokenize(TokensConfig(shard_tokens=100_000), documents, tokenizer_dir, tmp_path / "a")
+    assert [p.name for p in sorted((tmp_path / "a" / "train" / "web").iterdir())] == [
+        "00000.bin",
+        "00000.idx",
+    ]
+
+
+def test_shardset_reads_across_shards_and_sources(counting_stream):
+    tokens_dir, stream = counting_stream
+    shards = ShardSet(tokens_dir, "train")
+    assert shards.sources == ["a", "b"] and len(shards.shards) == 7
+    assert shards.total_tokens == len(stream)
+    assert np.array_equal(shards.read(0, len(stream)), stream)
+    for start, length in ((0, 1), (899, 2), (1233, 1000), (9990, 50), (10_001, 5)):
+        assert np.array_equal(shards.read(start, length), stream[start : start + length])
+    assert np.array_equal(shards.document_starts(), [0, 37, 500, 1234, 3000, 5000, 5001, 7777])
+    only_b = ShardSet(tokens_dir, "train", "b")
+    assert np.array_equal(only_b.read(0, 10_000), stream[5000:])
+    with pytest.raises(UserError, match="no token shards for split 'val'.*splits present: train"):
+        ShardSet(tokens_dir, "val")
+
+
+def test_token_dtype():
+    assert token_dtype(384) == np.dtype("<u2") and token_dtype(65536) == np.dtype("<u2")
+    assert token_dtype(65537) == np.dtype("<u4")
+
+
+def test_corrupt_shards_are_user_errors(counting_stream):
+    tokens_dir, _ = counting_stream
+    first = tokens_dir / "train" / "a" / "00000.bin"
+    with open(first, "ab") as handle:
+        handle.write(b"\x00")
+    with pytest.raises(UserError, match=r"00000.bin is 1001 bytes.*re-run `smelt tokenize CONFIG --force`"):
+        ShardSet(tokens_dir, "train")
+    first.write_bytes(first.read_bytes()[:-1])
+    idx = tokens_dir / "train" / "b" / "00001.idx"
+    offsets = np.fromfile(idx, dtype="<i8")
+    offsets[-1] = 10**6
+    offsets.tofile(idx)
+    with pytest.raises(UserError, match=r"b/00001.idx has document offsets outside.*--force"):
+        ShardSet(tokens_dir, "train")
+
+
+def test_missing_inputs_are_user_errors(tmp_path, documents, tokenizer_dir):
+    with pytest.raises(UserError, match="Run `smelt curate CONFIG` first"):
+        tokenize(TokensConfig(), tmp_path / "none", tokenizer_dir, tmp_path / "out")
+    with pytest.raises(UserError, match="Run `smelt tokenizer train CONFIG` first"):
+        tokenize(TokensConfig(), documents, tmp_path / "none", tmp_path / "out")
+    with pytest.raises(UserError, match="meta.json is missing. Run `smelt tokenize CONFIG` first"):
+        ShardSet(tmp_path / "none", "train")
+
+
+def test_real_text(tmp_path, shared_data):
+    corpus = shared_data / "corpus"
+    prose = (corpus / "prose" / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    docs = tmp_path / "documents"
+    write_documents(docs, "train", "prose", [prose[i : i + 2000] for i in range(0, 400_000, 2000)])
+    write_documents(docs, "val", "prose", [prose[i : i + 2000] for i in range(400_000, 440_000, 2000)])
+    zh = (corpus / "multilingual" / "lingua-testdata-A" / "sentences" / "zh.txt").read_text(encoding="utf-8")
+    write_documents(docs, "train", "zh", zh.splitlines()[:200])
+    train_tokenizer(TokenizerConfig(vocab_size=800, sample_bytes=300_000), docs, tmp_path / "tok", seed=1)
+    stats = tokenize(TokensConfig(shard_tokens=20_000), docs, tmp_path / "tok", tmp_path / "tokens")
+    assert stats["splits"]["val"]["sources"]["prose"]["bytes_per_token"] > 2.0
+    assert stats["splits"]["train"]["sources"]["prose"]["shards"] > 1
+    tok = Tokenizer.load(tmp_path / "tok")
+    shards = ShardSet(tmp_path / "tokens", "train", "zh")
+    for index in (0, 57, 199):
+        assert tok.decode(shards.document(index)[:-1]) == zh.splitlines()[index]
