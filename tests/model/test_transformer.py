@@ -132,7 +132,7 @@ def test_generate_deterministic_under_seed():
     a = generate(model, [1, 2, 3], 20, temperature=1.0, top_k=10, seed=7)
     b = generate(model, [1, 2, 3], 20, temperature=1.0, top_k=10, seed=7)
     c = generate(model, [1, 2, 3], 20, temperature=1.0, top_k=10, seed=8)
-    assert a == b and len(a) == 20 and a != c
+    assert a == b and len(a) == 23 and a[:3] == [1, 2, 3] and a != c
     assert all(0 <= t < VOCAB for t in a)
 
 
@@ -142,11 +142,35 @@ def test_generate_greedy_cache_matches_recompute():
     # 30 new tokens run past max_seq_len, exercising the cropped (no longer cached) path too.
     cached = generate(model, prompt, 30, temperature=0.0, use_cache=True)
     plain = generate(model, prompt, 30, temperature=0.0, use_cache=False)
-    assert cached == plain and len(cached) == 30
+    assert cached == plain and len(cached) == 40
 
 
 def test_generate_stops_at_eos():
     model = build(tiny())
-    greedy = generate(model, [3], 10, temperature=0.0)
+    greedy = generate(model, [3], 10, temperature=0.0)[1:]
     out = generate(model, [3], 10, temperature=0.0, eos_id=greedy[2])
-    assert out == greedy[: greedy.index(greedy[2]) + 1]
+    assert out == [3] + greedy[: greedy.index(greedy[2]) + 1]
+
+
+def test_rope_depends_only_on_relative_position():
+    from smelt.model.transformer import apply_rope, rope_table
+
+    table = rope_table(16, 64, 10_000.0)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
+
+    def score(i: int, j: int) -> float:
+        return float((apply_rope(q, table[i : i + 1]) * apply_rope(k, table[j : j + 1])).sum())
+
+    assert score(5, 2) == pytest.approx(score(40, 37), abs=1e-4)
+    assert score(0, 0) == pytest.approx(float((q * k).sum()), abs=1e-5)  # position 0 is the identity
+    assert score(5, 2) != pytest.approx(score(5, 3), abs=1e-3)
+
+
+def test_rope_compiled_form_matches_eager(monkeypatch):
+    from smelt.model.transformer import apply_rope, rope_table
+
+    table = rope_table(16, 8, 10_000.0)
+    x = torch.randn(2, 3, 8, 16)
+    eager = apply_rope(x, table)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    torch.testing.assert_close(apply_rope(x, table), eager)

@@ -51,7 +51,7 @@ def generate(
     eos_id: int | None = None,
     use_cache: bool = True,
 ) -> list[int]:
-    """Continue prompt_ids; return only the new tokens (stopping after eos_id, which is included).
+    """Continue prompt_ids; return prompt + new tokens (like HF generate), ending at eos_id if sampled.
 
     The context is cropped to the last max_seq_len tokens. With use_cache, tokens are decoded one at
     a time against a KV cache; once the context would overflow max_seq_len the cache cannot slide
@@ -65,7 +65,6 @@ def generate(
     gen = torch.Generator(device=device).manual_seed(seed)
     max_len = model.cfg.max_seq_len
     ids = list(prompt_ids)
-    out: list[int] = []
     cache = None
     if use_cache:
         cache = KVCache(model, 1, max_len, model.tok_emb.weight.dtype, device)
@@ -82,9 +81,8 @@ def generate(
             logits, _ = model(x, cache=cache)
             token = _sample(logits[0, -1], temperature, top_k, gen)
             ids.append(token)
-            out.append(token)
             if eos_id is not None and token == eos_id:
                 break
     finally:
         model.train(was_training)
-    return out
+    return ids

@@ -37,18 +37,29 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).type_as(x)
 
 
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of the rotary angles, [max_seq_len, head_dim / 2], always fp32."""
+def rope_table(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
+    """(cos, sin) of the rotary angles t * w_j, [max_seq_len, head_dim / 2, 2], fp32.
+
+    Angles are formed in fp64 so large positions keep their precision. The table is stored real, not
+    complex, so that casting the module (model.to(torch.bfloat16)) cannot silently drop the sines.
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    return torch.stack((angles.cos(), angles.sin()), dim=-1).float()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of x [B, H, T, hd] by the angles in cos/sin [T, hd/2]."""
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x [B, H, T, hd] by the angles of table [T, hd/2, 2], in fp32."""
+    table = table.float()
     xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    if torch.compiler.is_compiling():
+        # Inductor fuses this real form into one kernel; it cannot generate code for complex ops.
+        cos, sin = table[..., 0], table[..., 1]
+        x0, x1 = xf[..., 0], xf[..., 1]
+        out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    else:
+        # Eager: one complex multiply is ~3x faster on CPU than the real form's separate ops and copies.
+        out = torch.view_as_real(torch.view_as_complex(xf) * torch.view_as_complex(table))
     return out.flatten(-2).type_as(x)
 
 
@@ -68,8 +79,7 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        rope: torch.Tensor,
         cache: KVCache | None = None,
         layer: int = 0,
     ) -> torch.Tensor:
@@ -79,7 +89,7 @@ class Attention(nn.Module):
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
         causal = True
         if cache is not None:
             # Prefill (empty cache) is ordinary causal attention; a decode step of one token
@@ -88,7 +98,9 @@ class Attention(nn.Module):
             if not causal and T != 1:
                 raise ValueError("a KV-cached forward after the prefill takes one token at a time")
             k, v = cache.update(layer, k, v)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads
+        )
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -114,8 +126,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, cache=None, layer=0) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer)
+    def forward(self, x, rope, cache=None, layer=0) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache, layer)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -130,10 +142,9 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        cos, sin = rope_tables(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
-        # Not persistent: derived from the config, so they stay out of checkpoints.
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        table = rope_table(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        # Not persistent: derived from the config, so it stays out of checkpoints.
+        self.register_buffer("rope", table, persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
@@ -167,10 +178,10 @@ class Transformer(nn.Module):
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
-        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        rope = self.rope[start : start + T]
         x = self.tok_emb(idx)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache, layer)
+            x = block(x, rope, cache, layer)
         if cache is not None:
             cache.advance(T)
         logits = self.lm_head(self.norm(x))

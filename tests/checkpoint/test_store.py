@@ -1,0 +1,99 @@
+import json
+
+import pytest
+import torch
+
+from smelt.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_model,
+    load_training_state,
+    prune_checkpoints,
+    read_meta,
+    save_checkpoint,
+)
+from smelt.config import ModelConfig
+from smelt.errors import UserError
+from smelt.model.transformer import Transformer
+from smelt.train.optim import param_groups
+
+VOCAB = 384
+
+
+def trained_pair(tie: bool = True, seed: int = 0):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, max_seq_len=32, tie_embeddings=tie)
+    model = Transformer(cfg, VOCAB)
+    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-3)
+    x = torch.randint(0, VOCAB, (2, 16))
+    for _ in range(2):
+        _, loss = model(x, x)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return cfg, model, opt
+
+
+def save(tmp_path, step, model, opt, cfg):
+    return save_checkpoint(
+        tmp_path / "ckpt", step, model, opt, {"model_config": cfg, "vocab_size": VOCAB, "tokens": step * 10}
+    )
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_save_and_load_model_identical_logits(tmp_path, tie):
+    cfg, model, opt = trained_pair(tie)
+    path = save(tmp_path, 5, model, opt, cfg)
+    assert path.name == "step_0000005"
+    assert (path / "COMMITTED").is_file()
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["step"] == 5 and meta["vocab_size"] == VOCAB
+    assert set(meta["checksums"]) >= {".metadata", "train_state.pt"}
+    assert all(len(h) == 64 for h in meta["checksums"].values())
+    loaded, meta2 = load_model(path)
+    assert meta2["tokens"] == 50
+    assert (loaded.lm_head.weight is loaded.tok_emb.weight) == tie
+    x = torch.randint(0, VOCAB, (2, 16))
+    model.eval()
+    assert torch.equal(model(x)[0], loaded(x)[0])
+
+
+def test_training_state_restores_optimizer(tmp_path):
+    cfg, model, opt = trained_pair()
+    path = save(tmp_path, 2, model, opt, cfg)
+    _, model2, opt2 = trained_pair(seed=1)  # different weights and moments
+    load_training_state(path, model2, opt2)
+    for p, q in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(p, q)
+        assert torch.equal(opt.state[p]["exp_avg"], opt2.state[q]["exp_avg"])
+        assert torch.equal(opt.state[p]["exp_avg_sq"], opt2.state[q]["exp_avg_sq"])
+
+
+def test_corrupt_file_is_user_error(tmp_path):
+    cfg, model, opt = trained_pair()
+    path = save(tmp_path, 1, model, opt, cfg)
+    data = next(p for p in path.iterdir() if p.suffix == ".distcp")
+    blob = bytearray(data.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF
+    data.write_bytes(bytes(blob))
+    with pytest.raises(UserError, match=data.name):
+        load_model(path)
+
+
+def test_uncommitted_checkpoint_is_ignored(tmp_path):
+    cfg, model, opt = trained_pair()
+    save(tmp_path, 1, model, opt, cfg)
+    second = save(tmp_path, 2, model, opt, cfg)
+    (second / "COMMITTED").unlink()
+    assert latest_checkpoint(tmp_path / "ckpt").name == "step_0000001"
+    with pytest.raises(UserError, match="COMMITTED"):
+        read_meta(second)
+    assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_prune_keeps_newest_and_protected(tmp_path):
+    cfg, model, opt = trained_pair()
+    paths = [save(tmp_path, s, model, opt, cfg) for s in (1, 2, 3, 4)]
+    removed = prune_checkpoints(tmp_path / "ckpt", keep_last=1, protect=(paths[0],))
+    assert [p.name for p in removed] == ["step_0000002", "step_0000003"]
+    assert [p.name for p in list_checkpoints(tmp_path / "ckpt")] == ["step_0000001", "step_0000004"]

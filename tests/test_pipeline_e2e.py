@@ -1,0 +1,72 @@
+"""End to end on a tiny slice of the built-in corpus: every stage real, caching, determinism."""
+
+import json
+
+import pytest
+
+from smelt.cli import main
+from smelt.manifest import read_manifest
+
+TINY = [
+    "data.sources.0.max_files=80",
+    "tokenizer.vocab_size=512",
+    "tokenizer.sample_bytes=1000000",
+    "model.preset='tiny-1m'",
+    "model.max_seq_len=128",
+    "train.seq_len=128",
+    "train.micro_batch=8",
+    "train.batch_tokens=2048",
+    "train.tokens=40960",
+    "train.warmup_tokens=4096",
+    "train.eval_every=10",
+    "train.eval_tokens=4096",
+    "eval.max_new_tokens=8",
+    "eval.max_bytes=40000",
+]
+STAGE_DIRS = ("documents", "tokenizer", "tokens", "train", "eval")
+
+
+def quickstart(tmp_path, *extra):
+    args = ["quickstart", "--run-dir", str(tmp_path)]
+    for item in [*TINY, *extra]:
+        args += ["--set", item]
+    assert main(args) == 0
+    return json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+
+
+@pytest.mark.slow
+def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path):
+    first_dir, second_dir = tmp_path / "a", tmp_path / "b"
+    summary = quickstart(first_dir)
+    run = first_dir / "quickstart"
+    for name in STAGE_DIRS:
+        assert read_manifest(run / name) is not None, name
+    assert summary["documents_kept"] > 0 and summary["documents_in"] >= summary["documents_kept"]
+    assert summary["params_total"] > 0 and summary["train_tokens_per_s"] > 0
+    assert 0 < summary["val_bits_per_byte"] < 8
+    assert 0 < summary["val_gzip_bits_per_byte"] < 8 and 0 < summary["val_xz_bits_per_byte"] < 8
+    assert len(summary["samples"]) == 3
+    assert (run / "train" / "metrics.jsonl").is_file()
+    checkpoint = run / "train" / "checkpoints"
+    assert any((p / "COMMITTED").is_file() for p in checkpoint.iterdir())
+    assert not any(s["skipped"] for s in summary["stages"].values())
+    first_outputs = {name: read_manifest(run / name)["outputs"] for name in ("documents", "tokenizer", "tokens")}
+    first_tokenizer = (run / "tokenizer" / "tokenizer.json").read_bytes()
+
+    again = quickstart(first_dir)
+    assert all(s["skipped"] for s in again["stages"].values())
+    assert again["final_val_loss"] == summary["final_val_loss"]
+
+    changed = quickstart(first_dir, "tokenizer.vocab_size=640")
+    skipped = {name: s["skipped"] for name, s in changed["stages"].items()}
+    assert skipped == {"curate": True, "tokenizer": False, "tokenize": False, "train": False, "eval": False}
+    assert changed["vocab_size"] == 640
+
+    twin = quickstart(second_dir)
+    twin_run = second_dir / "quickstart"
+    for name in ("documents", "tokenizer", "tokens"):
+        assert read_manifest(twin_run / name)["outputs"] == first_outputs[name], name
+    assert (twin_run / "tokenizer" / "tokenizer.json").read_bytes() == first_tokenizer
+    assert twin["final_train_loss"] == summary["final_train_loss"]
+    assert twin["final_val_loss"] == summary["final_val_loss"]
+    assert twin["val_bits_per_byte"] == summary["val_bits_per_byte"]

@@ -1,0 +1,185 @@
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from smelt.checkpoint import latest_checkpoint, load_model, read_meta
+from smelt.config import config_from_dict
+from smelt.model.transformer import Transformer
+from smelt.train.trainer import train
+
+VOCAB = 384  # 256 + 128 padding
+EOS = 257
+
+
+def write_split(tokens_dir: Path, split: str, n_docs: int, seed: int) -> None:
+    """Synthetic documents of counting sequences (learnable), as flat uint16 shards with an .idx."""
+    rng = np.random.default_rng(seed)
+    docs = []
+    for _ in range(n_docs):
+        start, step, length = rng.integers(0, 256), rng.integers(1, 4), rng.integers(20, 120)
+        docs.append(np.append((start + step * np.arange(length)) % 256, EOS))
+    offsets = np.cumsum([0] + [len(d) for d in docs[:-1]]).astype("<i8")
+    out = tokens_dir / split / "synth"
+    out.mkdir(parents=True, exist_ok=True)
+    np.concatenate(docs).astype("<u2").tofile(out / "00000.bin")
+    offsets.tofile(out / "00000.idx")
+
+
+@pytest.fixture
+def data(tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    (tokens / "meta.json").write_text(
+        json.dumps({"dtype": "uint16", "vocab_size": VOCAB, "eos_id": EOS, "bos_id": 256, "pad_id": 258})
+    )
+    write_split(tokens, "train", 400, seed=0)
+    write_split(tokens, "val", 20, seed=1)
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    (tokenizer / "smelt.json").write_text(
+        json.dumps({"vocab_size": VOCAB, "bos_id": 256, "eos_id": EOS, "pad_id": 258})
+    )
+    return tokens, tokenizer
+
+
+def tiny_config(**train):
+    raw = {
+        "run": {"seed": 3},
+        "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
+        "train": {
+            "seq_len": 32,
+            "micro_batch": 4,
+            "batch_tokens": 256,
+            "tokens": 256 * 12,
+            "lr": 3e-3,
+            "log_every": 4,
+            "eval_every": 5,
+            "eval_tokens": 1024,
+            "precision": "fp32",
+            **train,
+        },
+        "checkpoint": {"every_steps": 4, "keep_last": 1},
+    }
+    return config_from_dict(raw)
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(autouse=True)
+def fixed_peak(monkeypatch):
+    monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
+
+
+def test_train_end_to_end(data, tmp_path):
+    tokens, tokenizer = data
+    out = tmp_path / "run"
+    summary = train(tiny_config(), tokens, tokenizer, out)
+    assert summary["steps"] == 12 and summary["tokens"] == 12 * 256
+    assert summary["precision"] == "fp32" and summary["device"] == "cpu" and summary["peak_flops"] == 1e12
+    assert summary["final_train_loss"] < math.log(VOCAB) - 0.5  # it learned something
+    assert summary["tokens_per_s"] > 0 and summary["mfu"] > 0
+    json.dumps(summary)  # goes into the stage manifest
+
+    lines = read_metrics(out)
+    train_lines = [r for r in lines if r["kind"] == "train"]
+    assert [r["step"] for r in train_lines] == [1, 4, 8, 12]
+    first = train_lines[0]
+    assert set(first) == {
+        "kind",
+        "step",
+        "tokens",
+        "loss",
+        "lr",
+        "grad_norm",
+        "clipped",
+        "tokens_per_s",
+        "mfu",
+        "elapsed_s",
+    }
+    assert abs(first["loss"] - math.log(VOCAB)) < 0.1  # step-0 loss
+    assert train_lines[-1]["loss"] < first["loss"]
+    evals = [r for r in lines if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [5, 10, 12] and all(r["val_loss"] > 0 for r in evals)
+    events = [(r["event"], r["step"]) for r in lines if r["kind"] == "event"]
+    assert events == [("start", 0), ("checkpoint", 4), ("checkpoint", 8), ("checkpoint", 12), ("end", 12)]
+    assert summary["final_val_loss"] == evals[-1]["val_loss"]
+
+    # keep_last=1 plus the final: step 8 and step 12 survive, step 4 is pruned
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts == ["step_0000008", "step_0000012"]
+    final = latest_checkpoint(out / "checkpoints")
+    assert str(final) == summary["checkpoint"]
+    meta = read_meta(final)
+    assert meta["step"] == 12 and meta["tokens"] == 12 * 256 and meta["loader"]["cursor"] > 0
+    assert meta["vocab_size"] == VOCAB and len(meta["config_hash"]) == 64
+    assert {"train_state.pt", ".metadata"} <= set(meta["checksums"])
+
+    model, _ = load_model(final)
+    torch.manual_seed(0)
+    again = Transformer(model.cfg, VOCAB)
+    x = torch.randint(0, 256, (2, 32))
+    logits, _ = model(x)
+    assert not torch.equal(logits, again(x)[0])  # really the trained weights
+    ref = torch.load(final / "train_state.pt", weights_only=False)
+    assert "rng" in ref and "loader" in ref
+
+
+def test_bitwise_identical_runs(data, tmp_path):
+    tokens, tokenizer = data
+    cfg = tiny_config(tokens=256 * 6, log_every=1, eval_every=0, precision="bf16")
+    a = train(cfg, tokens, tokenizer, tmp_path / "a")
+    b = train(cfg, tokens, tokenizer, tmp_path / "b")
+    losses = [[r["loss"] for r in read_metrics(tmp_path / d) if r["kind"] == "train"] for d in ("a", "b")]
+    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    assert a["final_val_loss"] == b["final_val_loss"]
+
+
+def test_missing_val_split_skips_validation(data, tmp_path):
+    tokens, tokenizer = data
+    for f in (tokens / "val" / "synth").iterdir():
+        f.unlink()
+    summary = train(tiny_config(tokens=256 * 2, grad_clip=0.0), tokens, tokenizer, tmp_path / "run")
+    assert summary["final_val_loss"] is None
+    lines = read_metrics(tmp_path / "run")
+    assert not [r for r in lines if r["kind"] == "eval"]
+    assert any(r.get("event") == "note" and "validation" in r["message"] for r in lines)
+    assert all(r["clipped"] is False for r in lines if r["kind"] == "train")
+
+
+def test_nan_loss_stops_with_event(data, tmp_path, monkeypatch):
+    tokens, tokenizer = data
+    real_forward = Transformer.forward
+
+    def poisoned(self, idx, targets=None, **kw):
+        logits, loss = real_forward(self, idx, targets, **kw)
+        return logits, loss * float("nan") if loss is not None else loss
+
+    monkeypatch.setattr(Transformer, "forward", poisoned)
+    with pytest.raises(RuntimeError, match="loss is nan at step 1"):
+        train(tiny_config(), tokens, tokenizer, tmp_path / "run")
+    last = read_metrics(tmp_path / "run")[-1]
+    assert last["event"] == "end" and last["status"] == "failed"
+
+
+def test_grad_accumulation_matches_one_big_batch(data, tmp_path):
+    tokens, tokenizer = data
+    # 2 micro batches of 4 vs 1 of 8 see the same 8 windows in the same order: same first loss.
+    a = train(
+        tiny_config(tokens=512, batch_tokens=512, micro_batch=4, eval_every=0),
+        tokens,
+        tokenizer,
+        tmp_path / "a",
+    )
+    b = train(
+        tiny_config(tokens=512, batch_tokens=512, micro_batch=8, eval_every=0),
+        tokens,
+        tokenizer,
+        tmp_path / "b",
+    )
+    assert a["final_train_loss"] == pytest.approx(b["final_train_loss"], rel=1e-5)
