@@ -23,22 +23,25 @@ def main() -> None:
         warm = time.time() - started
         summary = json.loads((Path(tmp) / "quickstart" / "summary.json").read_text())
     stages = {f"stage_{name}_s": info["wall_time_s"] for name, info in summary["stages"].items()}
-    write_result("quickstart", {
-        "quickstart_cold_s": round(cold, 1),
-        "quickstart_cached_s": round(warm, 2),
-        **stages,
-        "documents_in": summary["documents_in"],
-        "documents_kept": summary["documents_kept"],
-        "params_total": summary["params_total"],
-        "train_tokens": summary["train_tokens"],
-        "train_tokens_per_s": round(summary["train_tokens_per_s"], 1),
-        "train_mfu": summary["train_mfu"],
-        "final_train_loss": summary["final_train_loss"],
-        "final_val_loss": summary["final_val_loss"],
-        "val_bits_per_byte_model": round(summary["val_bits_per_byte"], 4),
-        "val_bits_per_byte_gzip": round(summary["val_gzip_bits_per_byte"], 4),
-        "val_bits_per_byte_xz": round(summary["val_xz_bits_per_byte"], 4),
-    })
+    write_result(
+        "quickstart",
+        {
+            "quickstart_cold_s": round(cold, 1),
+            "quickstart_cached_s": round(warm, 2),
+            **stages,
+            "documents_in": summary["documents_in"],
+            "documents_kept": summary["documents_kept"],
+            "params_total": summary["params_total"],
+            "train_tokens": summary["train_tokens"],
+            "train_tokens_per_s": round(summary["train_tokens_per_s"], 1),
+            "train_mfu": summary["train_mfu"],
+            "final_train_loss": summary["final_train_loss"],
+            "final_val_loss": summary["final_val_loss"],
+            "val_bits_per_byte_model": round(summary["val_bits_per_byte"], 4),
+            "val_bits_per_byte_gzip": round(summary["val_gzip_bits_per_byte"], 4),
+            "val_bits_per_byte_xz": round(summary["val_xz_bits_per_byte"], 4),
+        },
+    )
 
 
 if __name__ == "__main__":

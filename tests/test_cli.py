@@ -8,8 +8,16 @@ import pytest
 
 from smelt.cli import main
 
-SUBCOMMANDS = [["quickstart"], ["run"], ["curate"], ["tokenizer"], ["tokenizer", "train"], ["tokenize"],
-               ["train"], ["eval"]]
+SUBCOMMANDS = [
+    ["quickstart"],
+    ["run"],
+    ["curate"],
+    ["tokenizer"],
+    ["tokenizer", "train"],
+    ["tokenize"],
+    ["train"],
+    ["eval"],
+]
 
 
 @pytest.mark.parametrize("words", SUBCOMMANDS)
@@ -69,14 +77,17 @@ def test_vocab_smaller_than_bytes_plus_specials(tmp_path, capsys):
 
 
 def source_config(tmp_path, root, include="**/*.txt"):
-    return write_config(tmp_path, f"""
+    return write_config(
+        tmp_path,
+        f"""
         [run]
         dir = "RUNS"
         [[data.sources]]
         name = "mine"
         root = "{root}"
         include = ["{include}"]
-    """)
+    """,
+    )
 
 
 def test_glob_matching_no_files(tmp_path, capsys):

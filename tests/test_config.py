@@ -22,7 +22,9 @@ def test_quickstart_config_is_valid():
 
 
 def test_overrides_are_typed_and_nested():
-    cfg = load_config(None, ["train.lr=1e-3", "model.qk_norm=true", "run.name=abc", "eval.prompts=['x', 'y']"])
+    cfg = load_config(
+        None, ["train.lr=1e-3", "model.qk_norm=true", "run.name=abc", "eval.prompts=['x', 'y']"]
+    )
     assert cfg.train.lr == 1e-3 and cfg.model.qk_norm is True and cfg.run.name == "abc"
     assert cfg.eval.prompts == ["x", "y"]
 

@@ -50,7 +50,9 @@ def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path):
     checkpoint = run / "train" / "checkpoints"
     assert any((p / "COMMITTED").is_file() for p in checkpoint.iterdir())
     assert not any(s["skipped"] for s in summary["stages"].values())
-    first_outputs = {name: read_manifest(run / name)["outputs"] for name in ("documents", "tokenizer", "tokens")}
+    first_outputs = {
+        name: read_manifest(run / name)["outputs"] for name in ("documents", "tokenizer", "tokens")
+    }
     first_tokenizer = (run / "tokenizer" / "tokenizer.json").read_bytes()
 
     again = quickstart(first_dir)

@@ -27,8 +27,14 @@ def _add_config_args(parser: argparse.ArgumentParser, config_help: str = "pipeli
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config value (repeatable), e.g. --set train.lr=1e-3")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (repeatable), e.g. --set train.lr=1e-3",
+    )
     parser.add_argument("--force", action="store_true", help="rerun even when the stage is up to date")
 
 
@@ -40,39 +46,60 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"smelt {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("quickstart", help="the whole pipeline on the built-in corpus (Python's stdlib)",
-                       description="Run configs/quickstart.toml: curate the .py files of this Python's "
-                                   "standard library, train a tokenizer and a small model, evaluate it.")
+    p = sub.add_parser(
+        "quickstart",
+        help="the whole pipeline on the built-in corpus (Python's stdlib)",
+        description="Run configs/quickstart.toml: curate the .py files of this Python's "
+        "standard library, train a tokenizer and a small model, evaluate it.",
+    )
     _add_common(p)
     p.add_argument("--run-dir", default=None, help="parent directory for the run (default: runs)")
 
-    p = sub.add_parser("run", help="all stages of a pipeline, skipping the ones that are up to date",
-                       description="Run curate, tokenizer, tokenize, train and eval in order.")
+    p = sub.add_parser(
+        "run",
+        help="all stages of a pipeline, skipping the ones that are up to date",
+        description="Run curate, tokenizer, tokenize, train and eval in order.",
+    )
     _add_config_args(p)
 
-    p = sub.add_parser("curate", help="raw files -> documents",
-                       description="Read the sources of [data], normalize, filter, deduplicate, split, "
-                                   "and write documents/<split>/<source>/part-NNNNN.parquet.")
+    p = sub.add_parser(
+        "curate",
+        help="raw files -> documents",
+        description="Read the sources of [data], normalize, filter, deduplicate, split, "
+        "and write documents/<split>/<source>/part-NNNNN.parquet.",
+    )
     _add_config_args(p)
 
     p = sub.add_parser("tokenizer", help="train a tokenizer", description="Tokenizer commands.")
     tok_sub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
-    t = tok_sub.add_parser("train", help="train a byte-level BPE tokenizer on the train split",
-                           description="Train byte-level BPE on a sample of the curated train split.")
+    t = tok_sub.add_parser(
+        "train",
+        help="train a byte-level BPE tokenizer on the train split",
+        description="Train byte-level BPE on a sample of the curated train split.",
+    )
     _add_config_args(t)
 
-    p = sub.add_parser("tokenize", help="documents -> token shards",
-                       description="Encode every split and source into tokens/<split>/<source>/NNNNN.bin + .idx.")
+    p = sub.add_parser(
+        "tokenize",
+        help="documents -> token shards",
+        description="Encode every split and source into tokens/<split>/<source>/NNNNN.bin + .idx.",
+    )
     _add_config_args(p)
 
-    p = sub.add_parser("train", help="train the model on the token shards",
-                       description="Train [model] with [train] on tokens/train; writes train/metrics.jsonl "
-                                   "and train/checkpoints/step_NNNNNNN/.")
+    p = sub.add_parser(
+        "train",
+        help="train the model on the token shards",
+        description="Train [model] with [train] on tokens/train; writes train/metrics.jsonl "
+        "and train/checkpoints/step_NNNNNNN/.",
+    )
     _add_config_args(p)
 
-    p = sub.add_parser("eval", help="held-out loss, bits-per-byte and samples of a checkpoint",
-                       description="Evaluate a run: RUN is a run directory (e.g. runs/quickstart) or its "
-                                   "pipeline TOML file.")
+    p = sub.add_parser(
+        "eval",
+        help="held-out loss, bits-per-byte and samples of a checkpoint",
+        description="Evaluate a run: RUN is a run directory (e.g. runs/quickstart) or its "
+        "pipeline TOML file.",
+    )
     p.add_argument("run", help="run directory or pipeline TOML file")
     p.add_argument("--checkpoint", default="latest", help="latest (default) or a step number")
     _add_common(p)
@@ -135,8 +162,10 @@ def _config_for_run(run: str, overrides: list[str]) -> Config:
     if path.is_dir():
         saved = path / "config.json"
         if not saved.is_file():
-            raise UserError(f"{path} is not a smelt run directory (no config.json). Pass a run directory "
-                            f"written by `smelt run`, e.g. runs/quickstart, or its pipeline TOML file.")
+            raise UserError(
+                f"{path} is not a smelt run directory (no config.json). Pass a run directory "
+                f"written by `smelt run`, e.g. runs/quickstart, or its pipeline TOML file."
+            )
         from smelt.config import apply_override, config_from_dict
 
         raw = json.loads(saved.read_text())
@@ -185,8 +214,10 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
     return {
         "run_dir": str(cfg.run_dir),
         "wall_time_s": round(wall_time_s, 2),
-        "stages": {name: {"skipped": o.skipped, "wall_time_s": o.wall_time_s, "dir": str(o.directory)}
-                   for name, o in outcomes.items()},
+        "stages": {
+            name: {"skipped": o.skipped, "wall_time_s": o.wall_time_s, "dir": str(o.directory)}
+            for name, o in outcomes.items()
+        },
         "documents_in": curate["documents_in"],
         "documents_kept": curate["documents_kept"],
         "vocab_size": tokenizer.get("padded_vocab_size"),
@@ -206,10 +237,14 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
         "val_bytes": heldout["bytes"],
         "samples": evaluation["samples"],
         "checkpoint": train["checkpoint"],
-        "paths": {"documents": str(outcomes["curate"].directory), "tokenizer": str(outcomes["tokenizer"].directory),
-                  "tokens": str(outcomes["tokenize"].directory), "train": str(outcomes["train"].directory),
-                  "metrics": str(outcomes["train"].directory / "metrics.jsonl"),
-                  "eval": str(outcomes["eval"].directory)},
+        "paths": {
+            "documents": str(outcomes["curate"].directory),
+            "tokenizer": str(outcomes["tokenizer"].directory),
+            "tokens": str(outcomes["tokenize"].directory),
+            "train": str(outcomes["train"].directory),
+            "metrics": str(outcomes["train"].directory / "metrics.jsonl"),
+            "eval": str(outcomes["eval"].directory),
+        },
     }
 
 
@@ -224,13 +259,22 @@ def print_summary(summary: dict[str, Any]) -> None:
     rows = [
         ("stages", stage_line),
         ("documents in / kept", f"{fmt(summary['documents_in'])} / {fmt(summary['documents_kept'])}"),
-        ("tokens train / val", f"{fmt(summary['train_tokens_available'])} / {fmt(summary['val_tokens_available'])}"),
+        (
+            "tokens train / val",
+            f"{fmt(summary['train_tokens_available'])} / {fmt(summary['val_tokens_available'])}",
+        ),
         ("vocab size (padded)", fmt(summary["vocab_size"])),
-        ("parameters (non-embedding)", f"{fmt(summary['params_total'])} ({fmt(summary['params_non_embedding'])})"),
+        (
+            "parameters (non-embedding)",
+            f"{fmt(summary['params_total'])} ({fmt(summary['params_non_embedding'])})",
+        ),
         ("trained tokens / steps", f"{fmt(summary['train_tokens'])} / {fmt(summary['train_steps'])}"),
         ("training tokens/s", fmt(summary["train_tokens_per_s"], ",.0f")),
         ("MFU", "-" if summary["train_mfu"] is None else f"{100 * summary['train_mfu']:.1f}%"),
-        ("final train / val loss", f"{fmt(summary['final_train_loss'], '.4f')} / {fmt(summary['final_val_loss'], '.4f')}"),
+        (
+            "final train / val loss",
+            f"{fmt(summary['final_train_loss'], '.4f')} / {fmt(summary['final_val_loss'], '.4f')}",
+        ),
         ("val bits/byte: model", fmt(summary["val_bits_per_byte"], ".4f")),
         ("val bits/byte: gzip -9", fmt(summary["val_gzip_bits_per_byte"], ".4f")),
         ("val bits/byte: xz -9e", fmt(summary["val_xz_bits_per_byte"], ".4f")),
@@ -249,10 +293,16 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def _eval_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("checkpoint", result["checkpoint"])]
-    for source, figures in sorted(result["heldout"]["per_source"].items()) + [("all", result["heldout"]["overall"])]:
-        rows.append((f"{source}: loss / bits-per-byte",
-                     f"{figures['loss']:.4f} / {figures['bits_per_byte']:.4f} "
-                     f"(gzip {figures['gzip_bits_per_byte']:.4f}, xz {figures['xz_bits_per_byte']:.4f})"))
+    for source, figures in sorted(result["heldout"]["per_source"].items()) + [
+        ("all", result["heldout"]["overall"])
+    ]:
+        rows.append(
+            (
+                f"{source}: loss / bits-per-byte",
+                f"{figures['loss']:.4f} / {figures['bits_per_byte']:.4f} "
+                f"(gzip {figures['gzip_bits_per_byte']:.4f}, xz {figures['xz_bits_per_byte']:.4f})",
+            )
+        )
     return rows
 
 
@@ -263,8 +313,11 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
             out.update(_flat(v, f"{prefix}{k}."))
         return out
     if isinstance(value, list):
-        return {prefix.rstrip("."): f"[{len(value)} items]"} if value and isinstance(value[0], dict) else \
-            {prefix.rstrip("."): value}
+        return (
+            {prefix.rstrip("."): f"[{len(value)} items]"}
+            if value and isinstance(value[0], dict)
+            else {prefix.rstrip("."): value}
+        )
     return {prefix.rstrip("."): value}
 
 

@@ -27,8 +27,9 @@ from smelt.errors import ConfigError
 from smelt.model.presets import MODEL_PRESETS
 
 
-def _opt(default: Any, *, range: tuple[float, float] | None = None, choices: tuple | None = None,
-         help: str = "") -> Any:
+def _opt(
+    default: Any, *, range: tuple[float, float] | None = None, choices: tuple | None = None, help: str = ""
+) -> Any:
     meta = {"range": range, "choices": choices, "help": help}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -45,8 +46,11 @@ class RunConfig:
 @dataclass
 class SourceConfig:
     name: str = _opt("", help="source name; becomes documents/<split>/<name>/")
-    format: str = _opt("text", choices=("text", "jsonl", "parquet"),
-                       help="text: one document per file; jsonl/parquet: one document per record")
+    format: str = _opt(
+        "text",
+        choices=("text", "jsonl", "parquet"),
+        help="text: one document per file; jsonl/parquet: one document per record",
+    )
     root: str = _opt(".", help="directory the globs are relative to; `{stdlib}` is this Python's stdlib")
     include: list[str] = _opt(["**/*"], help="glob patterns relative to root")
     exclude: list[str] = _opt([], help="glob patterns (relative to root) to leave out")
@@ -72,8 +76,9 @@ class DataConfig:
 class TokenizerConfig:
     vocab_size: int = _opt(8192, range=(1, 1_048_576), help="BPE vocabulary incl. special tokens")
     pad_to_multiple: int = _opt(128, range=(1, 4096), help="embedding rows padded to a multiple of this")
-    special_tokens: list[str] = _opt(["<|bos|>", "<|eos|>", "<|pad|>"],
-                                     help="special tokens; the first three are bos, eos, pad")
+    special_tokens: list[str] = _opt(
+        ["<|bos|>", "<|eos|>", "<|pad|>"], help="special tokens; the first three are bos, eos, pad"
+    )
     sample_bytes: int = _opt(50_000_000, range=(1_000, 10**13), help="training-sample byte budget")
     min_frequency: int = _opt(2, range=(1, 10**9), help="minimum pair count for a merge")
     pattern: str = _opt("gpt4", help="pre-tokenization regex: `gpt4`, `gpt2`, or a regex")
@@ -105,8 +110,9 @@ class ModelConfig:
 class TrainConfig:
     seq_len: int = _opt(256, range=(8, 10**7))
     micro_batch: int = _opt(16, range=(1, 10**6), help="sequences per forward/backward per process")
-    batch_tokens: int = _opt(0, range=(0, 10**10),
-                             help="global batch in tokens (0: seq_len x micro_batch x world size)")
+    batch_tokens: int = _opt(
+        0, range=(0, 10**10), help="global batch in tokens (0: seq_len x micro_batch x world size)"
+    )
     tokens: int = _opt(10_000_000, range=(1, 10**15), help="total training tokens")
     lr: float = _opt(3e-3, range=(0.0, 10.0))
     min_lr_ratio: float = _opt(0.1, range=(0.0, 1.0), help="cosine floor as a fraction of lr")
@@ -116,8 +122,11 @@ class TrainConfig:
     beta2: float = _opt(0.95, range=(0.0, 1.0))
     eps: float = _opt(1e-8, range=(0.0, 1.0))
     grad_clip: float = _opt(1.0, range=(0.0, 1e6), help="global-norm clip (0: off)")
-    precision: str = _opt("auto", choices=("auto", "bf16", "fp16", "fp32"),
-                          help="auto: bf16 autocast where the hardware has it, else fp32")
+    precision: str = _opt(
+        "auto",
+        choices=("auto", "bf16", "fp16", "fp32"),
+        help="auto: bf16 autocast where the hardware has it, else fp32",
+    )
     device: str = _opt("auto", help="auto, cpu, cuda or cuda:N")
     threads: int = _opt(0, range=(0, 1024), help="CPU threads for torch (0: one per core)")
     compile: bool = _opt(False, help="torch.compile the model")
@@ -226,7 +235,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
         if part.isdigit() and isinstance(node, list):
             index = int(part)
             if index >= len(node):
-                raise ConfigError(f"override {item!r}: index {index} is past the end of the list ({len(node)}).")
+                raise ConfigError(
+                    f"override {item!r}: index {index} is past the end of the list ({len(node)})."
+                )
             node = node[index]
             continue
         node = node.setdefault(part, {})
@@ -239,7 +250,9 @@ def _suggest(name: str, options: typing.Iterable[str]) -> str:
     options = list(options)
     # A typo usually keeps the real key as a prefix (`lr_typo`, `seq_length`); prefer the longest such key.
     prefixed = [o for o in options if name.startswith(o) and len(o) >= 2]
-    close = sorted(prefixed, key=len, reverse=True) or difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    close = sorted(prefixed, key=len, reverse=True) or difflib.get_close_matches(
+        name, options, n=1, cutoff=0.5
+    )
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -324,7 +337,9 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
     m = cfg.model
     kv = m.n_kv_heads or m.n_heads
     if m.d_model % m.n_heads:
-        raise ConfigError(f"{origin}: model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads}).")
+        raise ConfigError(
+            f"{origin}: model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})."
+        )
     if m.n_heads % kv:
         raise ConfigError(
             f"{origin}: model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({kv}) for GQA."

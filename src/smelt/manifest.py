@@ -63,10 +63,17 @@ def code_version() -> dict[str, Any]:
     info: dict[str, Any] = {"package": smelt.__version__, "commit": None, "dirty": None}
     source = Path(smelt.__file__).resolve().parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=source, capture_output=True,
-                                text=True, timeout=5, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=source,
-                                capture_output=True, text=True, timeout=5, check=True).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=source, capture_output=True, text=True, timeout=5, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout
         info.update(commit=commit, dirty=bool(status.strip()))
     except (OSError, subprocess.SubprocessError):
         pass

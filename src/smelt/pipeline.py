@@ -21,8 +21,13 @@ from smelt.manifest import Stage, hash_files, read_manifest, write_json
 from smelt.progress import log
 
 STAGES = ("curate", "tokenizer", "tokenize", "train", "eval")
-STAGE_DIRS = {"curate": "documents", "tokenizer": "tokenizer", "tokenize": "tokens", "train": "train",
-              "eval": "eval"}
+STAGE_DIRS = {
+    "curate": "documents",
+    "tokenizer": "tokenizer",
+    "tokenize": "tokens",
+    "train": "train",
+    "eval": "eval",
+}
 # Which config sections decide each stage's output (its cache key, with its inputs).
 STAGE_SECTIONS = {
     "curate": ("data",),
@@ -103,7 +108,9 @@ def _execute(cfg: Config, stage: str, directory: Path) -> dict[str, Any]:
     if stage == "tokenize":
         from smelt.tokens.shards import tokenize
 
-        return tokenize(cfg.tokens, run_dir / STAGE_DIRS["curate"], run_dir / STAGE_DIRS["tokenizer"], directory)
+        return tokenize(
+            cfg.tokens, run_dir / STAGE_DIRS["curate"], run_dir / STAGE_DIRS["tokenizer"], directory
+        )
     if stage == "train":
         from smelt.train.trainer import train
 

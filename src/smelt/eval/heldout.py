@@ -36,8 +36,9 @@ def read_split_texts(documents_dir: Path, split: str, source: str) -> list[str]:
 
 
 @torch.no_grad()
-def stream_nll(model: torch.nn.Module, stream: np.ndarray, seq_len: int, batch_size: int,
-               device: torch.device) -> tuple[float, int]:
+def stream_nll(
+    model: torch.nn.Module, stream: np.ndarray, seq_len: int, batch_size: int, device: torch.device
+) -> tuple[float, int]:
     """Sum of token losses (nats, float64) over every token of `stream` but the first, and their count.
 
     Windows of seq_len + 1 tokens overlap by one token, so each token is a target exactly once; a
@@ -48,26 +49,35 @@ def stream_nll(model: torch.nn.Module, stream: np.ndarray, seq_len: int, batch_s
     starts = list(range(0, max(len(stream) - 1, 0), seq_len))
     total, count = 0.0, 0
     for first in progress(range(0, len(starts), batch_size), desc="heldout", unit="batch"):
-        chunk = starts[first:first + batch_size]
+        chunk = starts[first : first + batch_size]
         inputs = torch.zeros((len(chunk), seq_len), dtype=torch.long)
         targets = torch.full((len(chunk), seq_len), -100, dtype=torch.long)
         for row, start in enumerate(chunk):
-            window = torch.from_numpy(stream[start:start + seq_len + 1].astype(np.int64))
+            window = torch.from_numpy(stream[start : start + seq_len + 1].astype(np.int64))
             inputs[row, : len(window) - 1] = window[:-1]
             targets[row, : len(window) - 1] = window[1:]
         inputs, targets = inputs.to(device), targets.to(device)
         logits, _ = model(inputs)
-        losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100,
-                                 reduction="none")
+        losses = F.cross_entropy(
+            logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none"
+        )
         mask = targets.flatten() != -100
         total += losses[mask].double().sum().item()
         count += int(mask.sum().item())
     return total, count
 
 
-def heldout_bits_per_byte(model: torch.nn.Module, tokens_dir: Path, documents_dir: Path, eos_id: int,
-                          seq_len: int, batch_size: int, max_bytes: int = 0, split: str = "val",
-                          device: torch.device | None = None) -> dict[str, Any]:
+def heldout_bits_per_byte(
+    model: torch.nn.Module,
+    tokens_dir: Path,
+    documents_dir: Path,
+    eos_id: int,
+    seq_len: int,
+    batch_size: int,
+    max_bytes: int = 0,
+    split: str = "val",
+    device: torch.device | None = None,
+) -> dict[str, Any]:
     """Loss and bits-per-byte of the model, gzip and xz, per source and over all sources of `split`."""
     from smelt.tokens.shards import ShardSet
 
@@ -105,8 +115,9 @@ def heldout_bits_per_byte(model: torch.nn.Module, tokens_dir: Path, documents_di
         all_bytes.append(data)
         nll_total += nll
         tokens_total += count
-    overall = _figures(nll_total, tokens_total, b"".join(all_bytes),
-                       sum(s["documents"] for s in per_source.values()))
+    overall = _figures(
+        nll_total, tokens_total, b"".join(all_bytes), sum(s["documents"] for s in per_source.values())
+    )
     return {"overall": overall, "per_source": per_source}
 
 
@@ -124,17 +135,31 @@ def _figures(nll: float, tokens: int, data: bytes, documents: int) -> dict[str, 
     }
 
 
-def samples(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int,
-            temperature: float, top_k: int, seed: int) -> list[dict[str, str]]:
+def samples(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: list[str],
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int,
+    seed: int,
+) -> list[dict[str, str]]:
     """Continuations of fixed prompts; each prompt starts after an EOS, as documents do in training."""
     from smelt.model.generate import generate
 
     gallery = []
     for i, prompt in enumerate(prompts):
         prompt_ids = [tokenizer.eos_id] + tokenizer.encode(prompt)
-        out = generate(model, prompt_ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                       top_k=top_k, seed=seed + i, eos_id=tokenizer.eos_id)
-        gallery.append({"prompt": prompt, "completion": tokenizer.decode(out[len(prompt_ids):])})
+        out = generate(
+            model,
+            prompt_ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            seed=seed + i,
+            eos_id=tokenizer.eos_id,
+        )
+        gallery.append({"prompt": prompt, "completion": tokenizer.decode(out[len(prompt_ids) :])})
     return gallery
 
 
@@ -152,16 +177,30 @@ def evaluate_run(cfg: Config, run_dir: Path, out_dir: Path, checkpoint: str = "l
     else:
         path = checkpoints / f"step_{int(checkpoint):07d}"
         if not (path / "COMMITTED").is_file():
-            raise UserError(f"checkpoint {path} does not exist or is incomplete. Pick a step listed in "
-                            f"{checkpoints}, or `latest`.")
+            raise UserError(
+                f"checkpoint {path} does not exist or is incomplete. Pick a step listed in "
+                f"{checkpoints}, or `latest`."
+            )
     model, meta = load_model(path, device="cpu")
     tokenizer = Tokenizer.load(run_dir / "tokenizer")
     heldout = heldout_bits_per_byte(
-        model, run_dir / "tokens", run_dir / "documents", tokenizer.eos_id, cfg.train.seq_len,
-        cfg.eval.batch_size, cfg.eval.max_bytes,
+        model,
+        run_dir / "tokens",
+        run_dir / "documents",
+        tokenizer.eos_id,
+        cfg.train.seq_len,
+        cfg.eval.batch_size,
+        cfg.eval.max_bytes,
     )
-    gallery = samples(model, tokenizer, cfg.eval.prompts, cfg.eval.max_new_tokens, cfg.eval.temperature,
-                      cfg.eval.top_k, cfg.run.seed)
+    gallery = samples(
+        model,
+        tokenizer,
+        cfg.eval.prompts,
+        cfg.eval.max_new_tokens,
+        cfg.eval.temperature,
+        cfg.eval.top_k,
+        cfg.run.seed,
+    )
     step = int(meta["step"])
     result = {
         "step": step,

@@ -347,6 +347,7 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
         "final_val_loss": last_val,
         "tokens_per_s": summary_tps,
         "mfu": flops_tok * summary_tps / peak if peak else None,
+        "flops_per_token": flops_tok,
         "peak_flops": peak,
         "precision": precision.name,
         "device": str(device),

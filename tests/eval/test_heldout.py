@@ -1,0 +1,159 @@
+"""Held-out loss and bits-per-byte: exact byte accounting, batch-size independence, compressor floors."""
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from smelt.config import ModelConfig, TokenizerConfig, TokensConfig
+from smelt.errors import UserError
+from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
+from smelt.eval.heldout import heldout_bits_per_byte, read_split_texts, stream_nll
+from smelt.model.transformer import Transformer
+from smelt.tokenizer.load import Tokenizer
+from smelt.tokenizer.train import train_tokenizer
+from smelt.tokens.shards import ShardSet, tokenize
+
+
+def write_documents(directory, split, source, texts):
+    out = directory / split / source
+    out.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "id": [f"{source}-{i}" for i in range(len(texts))],
+            "text": texts,
+            "source": [source] * len(texts),
+            "url": pa.nulls(len(texts), pa.string()),
+            "lang": pa.nulls(len(texts), pa.string()),
+            "meta": ["{}"] * len(texts),
+        }
+    )
+    pq.write_table(table, out / "part-00000.parquet")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, shared_data):
+    root = tmp_path_factory.mktemp("heldout")
+    documents = root / "documents"
+    prose = (shared_data / "corpus/prose/tinyshakespeare/input.txt").read_text().split("\n\n")
+    code = [line for line in (shared_data / "corpus/code/cpython_stdlib_lib.jsonl").open()][:40]
+    import json
+
+    code_texts = [json.loads(line)["text"] for line in code]
+    write_documents(documents, "train", "prose", prose[:1500])
+    write_documents(documents, "train", "code", code_texts[:30])
+    write_documents(documents, "val", "prose", prose[1500:1530] + ["ünïcödé ✓ 日本語 and emoji 🙂"])
+    write_documents(documents, "val", "code", code_texts[30:34])
+    train_tokenizer(
+        TokenizerConfig(vocab_size=700, sample_bytes=2_000_000), documents, root / "tokenizer", seed=0
+    )
+    tokenize(TokensConfig(shard_tokens=5_000), documents, root / "tokenizer", root / "tokens")
+    return root
+
+
+def tiny_model(vocab_size):
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64)
+    return Transformer(cfg, vocab_size)
+
+
+class Uniform(torch.nn.Module):
+    """Equal logits for every token: the loss of each token is exactly ln V."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, idx, targets=None):
+        return torch.zeros(*idx.shape, self.vocab_size), None
+
+
+def test_uniform_model_scores_ln_v_per_token_and_counts_every_byte(run):
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    result = heldout_bits_per_byte(
+        Uniform(tokenizer.vocab_size),
+        run / "tokens",
+        run / "documents",
+        tokenizer.eos_id,
+        seq_len=32,
+        batch_size=4,
+    )
+    for source in ("prose", "code"):
+        figures = result["per_source"][source]
+        texts = read_split_texts(run / "documents", "val", source)
+        assert figures["bytes"] == sum(len(t.encode()) for t in texts)
+        shards = ShardSet(run / "tokens", "val", source)
+        assert figures["tokens"] == shards.total_tokens  # every token predicted once, EOS included
+        assert figures["loss"] == pytest.approx(math.log(tokenizer.vocab_size), rel=1e-6)
+        expected = figures["tokens"] * math.log2(tokenizer.vocab_size) / figures["bytes"]
+        assert figures["bits_per_byte"] == pytest.approx(expected, rel=1e-6)
+    overall = result["overall"]
+    assert overall["bytes"] == sum(result["per_source"][s]["bytes"] for s in ("prose", "code"))
+
+
+def test_token_bytes_match_text_bytes(run):
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    lengths = tokenizer.token_byte_lengths()
+    for source in ("prose", "code"):
+        stream = ShardSet(run / "tokens", "val", source).read(
+            0, ShardSet(run / "tokens", "val", source).total_tokens
+        )
+        texts = read_split_texts(run / "documents", "val", source)
+        assert int(lengths[stream.astype(np.int64)].sum()) == sum(len(t.encode()) for t in texts)
+
+
+def test_score_does_not_depend_on_batch_size(run):
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    model = tiny_model(tokenizer.vocab_size)
+    shards = ShardSet(run / "tokens", "val", "prose")
+    stream = np.concatenate([[tokenizer.eos_id], shards.read(0, shards.total_tokens).astype(np.int64)])
+    one = stream_nll(model, stream, seq_len=48, batch_size=1, device=torch.device("cpu"))
+    sixteen = stream_nll(model, stream, seq_len=48, batch_size=16, device=torch.device("cpu"))
+    assert one[1] == sixteen[1] == len(stream) - 1
+    assert abs(one[0] - sixteen[0]) / one[0] < 1e-6
+
+
+def test_max_bytes_caps_the_scored_documents(run):
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    full = heldout_bits_per_byte(
+        Uniform(tokenizer.vocab_size),
+        run / "tokens",
+        run / "documents",
+        tokenizer.eos_id,
+        seq_len=32,
+        batch_size=8,
+    )
+    capped = heldout_bits_per_byte(
+        Uniform(tokenizer.vocab_size),
+        run / "tokens",
+        run / "documents",
+        tokenizer.eos_id,
+        seq_len=32,
+        batch_size=8,
+        max_bytes=2_000,
+    )
+    assert capped["per_source"]["prose"]["documents"] < full["per_source"]["prose"]["documents"]
+    assert capped["per_source"]["prose"]["bytes"] >= 1_000  # stops at the first document past the cap
+
+
+def test_stale_tokens_are_reported(run, tmp_path):
+    documents = tmp_path / "documents"
+    write_documents(documents, "val", "prose", ["only one document"])
+    write_documents(documents, "val", "code", ["x = 1"])
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    with pytest.raises(UserError, match="stale"):
+        heldout_bits_per_byte(
+            Uniform(tokenizer.vocab_size), run / "tokens", documents, tokenizer.eos_id, 32, 4
+        )
+
+
+def test_compressor_floors():
+    repetitive = b"def f(x):\n    return x\n" * 2000
+    assert gzip_bits_per_byte(repetitive) < 0.2 and xz_bits_per_byte(repetitive) < 0.2
+    noise = np.random.default_rng(0).integers(0, 256, 50_000, dtype=np.uint8).tobytes()
+    assert 7.9 < gzip_bits_per_byte(noise) < 8.2 and 7.9 < xz_bits_per_byte(noise) < 8.2
+    text = b"the quick brown fox jumps over the lazy dog; " * 50 + bytes(range(256))
+    assert xz_bits_per_byte(text) < gzip_bits_per_byte(bytes(range(256)) * 3)
