@@ -18,6 +18,21 @@ from typing import Any
 from smelt.config import Config, load_config
 from smelt.errors import UserError
 
+# (command, --help line, description) of the subcommands that take a pipeline file.
+CONFIG_COMMANDS = [
+    ("run", "all stages of a pipeline, skipping the ones that are up to date",
+     "Run curate, tokenizer, tokenize, train and eval in order."),
+    ("curate", "raw files -> documents",
+     "Read the sources of [data], normalize, filter, deduplicate, split, and write "
+     "documents/<split>/<source>/part-NNNNN.parquet."),
+    ("tokenizer train", "train a byte-level BPE tokenizer on the train split",
+     "Train byte-level BPE on a sample of the curated train split."),
+    ("tokenize", "documents -> token shards",
+     "Encode every split and source into tokens/<split>/<source>/NNNNN.bin + .idx."),
+    ("train", "train the model on the token shards",
+     "Train [model] with [train] on tokens/train; writes train/metrics.jsonl and "
+     "train/checkpoints/step_NNNNNNN/."),
+]  # fmt: skip
 QUICKSTART_CONFIG = Path(__file__).resolve().parent / "configs" / "quickstart.toml"
 
 
@@ -55,45 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("--run-dir", default=None, help="parent directory for the run (default: runs)")
 
-    p = sub.add_parser(
-        "run",
-        help="all stages of a pipeline, skipping the ones that are up to date",
-        description="Run curate, tokenizer, tokenize, train and eval in order.",
-    )
-    _add_config_args(p)
-
-    p = sub.add_parser(
-        "curate",
-        help="raw files -> documents",
-        description="Read the sources of [data], normalize, filter, deduplicate, split, "
-        "and write documents/<split>/<source>/part-NNNNN.parquet.",
-    )
-    _add_config_args(p)
-
-    p = sub.add_parser("tokenizer", help="train a tokenizer", description="Tokenizer commands.")
-    tok_sub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
-    t = tok_sub.add_parser(
-        "train",
-        help="train a byte-level BPE tokenizer on the train split",
-        description="Train byte-level BPE on a sample of the curated train split.",
-    )
-    _add_config_args(t)
-
-    p = sub.add_parser(
-        "tokenize",
-        help="documents -> token shards",
-        description="Encode every split and source into tokens/<split>/<source>/NNNNN.bin + .idx.",
-    )
-    _add_config_args(p)
-
-    p = sub.add_parser(
-        "train",
-        help="train the model on the token shards",
-        description="Train [model] with [train] on tokens/train; writes train/metrics.jsonl "
-        "and train/checkpoints/step_NNNNNNN/.",
-    )
-    _add_config_args(p)
-
+    for name, help_text, description in CONFIG_COMMANDS:
+        if name == "tokenizer train":
+            tokenizer = sub.add_parser(
+                "tokenizer", help="train a tokenizer", description="Tokenizer commands."
+            )
+            actions = tokenizer.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
+            _add_config_args(actions.add_parser("train", help=help_text, description=description))
+        else:
+            _add_config_args(sub.add_parser(name, help=help_text, description=description))
     p = sub.add_parser(
         "eval",
         help="held-out loss, bits-per-byte and samples of a checkpoint",

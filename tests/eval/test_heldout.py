@@ -3,11 +3,10 @@
 import math
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 
+from helpers import write_documents
 from smelt.config import ModelConfig, TokenizerConfig, TokensConfig
 from smelt.errors import UserError
 from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
@@ -16,22 +15,6 @@ from smelt.model.transformer import Transformer
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokenizer.train import train_tokenizer
 from smelt.tokens.shards import ShardSet, tokenize
-
-
-def write_documents(directory, split, source, texts):
-    out = directory / split / source
-    out.mkdir(parents=True, exist_ok=True)
-    table = pa.table(
-        {
-            "id": [f"{source}-{i}" for i in range(len(texts))],
-            "text": texts,
-            "source": [source] * len(texts),
-            "url": pa.nulls(len(texts), pa.string()),
-            "lang": pa.nulls(len(texts), pa.string()),
-            "meta": ["{}"] * len(texts),
-        }
-    )
-    pq.write_table(table, out / "part-00000.parquet")
 
 
 @pytest.fixture(scope="module")
@@ -71,16 +54,17 @@ class Uniform(torch.nn.Module):
         return torch.zeros(*idx.shape, self.vocab_size), None
 
 
+def score_uniform(run, **kwargs):
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    model = Uniform(tokenizer.vocab_size)
+    return heldout_bits_per_byte(
+        model, run / "tokens", run / "documents", tokenizer.eos_id, seq_len=32, **kwargs
+    )
+
+
 def test_uniform_model_scores_ln_v_per_token_and_counts_every_byte(run):
     tokenizer = Tokenizer.load(run / "tokenizer")
-    result = heldout_bits_per_byte(
-        Uniform(tokenizer.vocab_size),
-        run / "tokens",
-        run / "documents",
-        tokenizer.eos_id,
-        seq_len=32,
-        batch_size=4,
-    )
+    result = score_uniform(run, batch_size=4)
     for source in ("prose", "code"):
         figures = result["per_source"][source]
         texts = read_split_texts(run / "documents", "val", source)
@@ -117,24 +101,8 @@ def test_score_does_not_depend_on_batch_size(run):
 
 
 def test_max_bytes_caps_the_scored_documents(run):
-    tokenizer = Tokenizer.load(run / "tokenizer")
-    full = heldout_bits_per_byte(
-        Uniform(tokenizer.vocab_size),
-        run / "tokens",
-        run / "documents",
-        tokenizer.eos_id,
-        seq_len=32,
-        batch_size=8,
-    )
-    capped = heldout_bits_per_byte(
-        Uniform(tokenizer.vocab_size),
-        run / "tokens",
-        run / "documents",
-        tokenizer.eos_id,
-        seq_len=32,
-        batch_size=8,
-        max_bytes=2_000,
-    )
+    full = score_uniform(run, batch_size=8)
+    capped = score_uniform(run, batch_size=8, max_bytes=2_000)
     assert capped["per_source"]["prose"]["documents"] < full["per_source"]["prose"]["documents"]
     assert capped["per_source"]["prose"]["bytes"] >= 1_000  # stops at the first document past the cap
 

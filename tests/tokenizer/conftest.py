@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from helpers import write_documents
 from smelt.config import TokenizerConfig
 from smelt.tokenizer.train import train_tokenizer
 
@@ -22,26 +21,6 @@ SYNTHETIC = [
     "Привет, мир! Это русский текст.",
     "Emoji: 🙂🚀👩‍💻 and flags 🇫🇷🇯🇵.",
 ]
-
-
-def write_documents(root: Path, split: str, source: str, texts: list[str], part: int = 0) -> Path:
-    """Write one documents part with the curate stage's columns."""
-    directory = root / split / source
-    directory.mkdir(parents=True, exist_ok=True)
-    n = len(texts)
-    table = pa.table(
-        {
-            "id": [f"{source}:{part}:{i}" for i in range(n)],
-            "text": texts,
-            "source": [source] * n,
-            "url": [""] * n,
-            "lang": [""] * n,
-            "meta": ["{}"] * n,
-        }
-    )
-    path = directory / f"part-{part:05d}.parquet"
-    pq.write_table(table, path)
-    return path
 
 
 def real_texts(shared_data: Path) -> dict[str, list[str]]:

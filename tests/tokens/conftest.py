@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
+from helpers import write_documents
 from smelt.config import TokenizerConfig
 from smelt.tokenizer.train import train_tokenizer
 from smelt.tokens.shards import META_JSON, ShardWriter
@@ -23,25 +22,6 @@ TEXTS = [
     "A much longer document. " * 40,
     "short",
 ]
-
-
-def write_documents(root: Path, split: str, source: str, texts: list[str], part: int = 0) -> Path:
-    directory = root / split / source
-    directory.mkdir(parents=True, exist_ok=True)
-    n = len(texts)
-    table = pa.table(
-        {
-            "id": [f"{source}:{part}:{i}" for i in range(n)],
-            "text": texts,
-            "source": [source] * n,
-            "url": [""] * n,
-            "lang": [""] * n,
-            "meta": ["{}"] * n,
-        }
-    )
-    path = directory / f"part-{part:05d}.parquet"
-    pq.write_table(table, path)
-    return path
 
 
 @pytest.fixture(scope="session")
