@@ -87,8 +87,8 @@ def peak_flops(device: torch.device, precision: Precision) -> float | None:
 
 
 @functools.cache
-def measure_cpu_matmul_flops(precision: str, threads: int, size: int = 1024, seconds: float = 0.3) -> float:
-    """Peak FLOP/s of size x size matmuls in the given precision on `threads` threads (~0.3 s).
+def measure_cpu_matmul_flops(precision: str, threads: int, size: int = 1024, seconds: float = 0.5) -> float:
+    """Peak FLOP/s of size x size matmuls in the given precision on `threads` threads (~0.5 s).
 
     The best of many short bursts, not the mean: other processes on the machine only ever slow a
     burst down, so the fastest one is the closest to what the hardware can do.
