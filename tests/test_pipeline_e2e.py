@@ -55,6 +55,13 @@ def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path):
     }
     first_tokenizer = (run / "tokenizer" / "tokenizer.json").read_bytes()
 
+    assert main(["eval", str(run), "--force"]) == 0
+    step = summary["train_steps"]
+    assert main(["eval", str(run), "--checkpoint", str(step)]) == 0
+    result = json.loads((run / "eval" / f"step_{step:07d}.json").read_text())
+    assert result["heldout"]["overall"]["bits_per_byte"] == summary["val_bits_per_byte"]
+    assert main(["eval", str(run), "--checkpoint", "999999"]) == 2
+
     again = quickstart(first_dir)
     assert all(s["skipped"] for s in again["stages"].values())
     assert again["final_val_loss"] == summary["final_val_loss"]
