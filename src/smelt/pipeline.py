@@ -8,6 +8,7 @@ intact; then it is skipped and its recorded result is reused.
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -90,8 +91,6 @@ def _stage_inputs(cfg: Config, stage: str) -> dict[str, str]:
 
 
 def _common_root(files: list[Path]) -> str:
-    import os
-
     return os.path.commonpath([str(f.parent) for f in files]) if files else "."
 
 
