@@ -73,7 +73,7 @@ def test_bad_override(tmp_path, capsys):
 def test_vocab_smaller_than_bytes_plus_specials(tmp_path, capsys):
     path = write_config(tmp_path, "[tokenizer]\nvocab_size = 200\n")
     code, err = run_cli(["tokenizer", "train", path], capsys)
-    assert code == 2 and "tokenizer.vocab_size" in err and ">= 259" in err
+    assert code == 2 and "tokenizer.vocab_size" in err and ">= 331" in err
 
 
 def source_config(tmp_path, root, include="**/*.txt"):
@@ -124,3 +124,14 @@ def test_stage_without_its_inputs(tmp_path, capsys):
     path = write_config(tmp_path, "[run]\ndir = 'RUNS'\n")
     code, err = run_cli(["tokenize", path], capsys)
     assert code == 2 and "has no manifest.json" in err and "curate" in err
+
+
+def test_plan_model_prints_sizes(capsys):
+    assert main(["plan", "model", "llama-124m", "--vocab-size", "50304", "--seq-len", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters (non-embedding)" in out and "KV-cache bytes per token" in out and "s = 1024" in out
+
+
+def test_plan_model_unknown_preset(capsys):
+    code, err = run_cli(["plan", "model", "llama-1"], capsys)
+    assert code == 2 and "llama-1b" in err

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from smelt.cli import main
+from smelt.cli import QUICKSTART_CONFIG, main
 from smelt.manifest import read_manifest
 
 TINY = [
@@ -61,6 +61,21 @@ def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path):
     result = json.loads((run / "eval" / f"step_{step:07d}.json").read_text())
     assert result["heldout"]["overall"]["bits_per_byte"] == summary["val_bits_per_byte"]
     assert main(["eval", str(run), "--checkpoint", "999999"]) == 2
+
+    overrides = [arg for item in TINY for arg in ("--set", item)]
+    config = ["--set", f"run.dir='{first_dir}'", *overrides]
+    assert main(["tokenizer", "eval", str(QUICKSTART_CONFIG), *config]) == 0
+    assert (run / "tokenizer_eval" / "tokenizer_eval.svg").is_file()
+    assert main(["export", "hf", str(run)]) == 0
+    assert (run / "export" / "hf" / "model.safetensors").is_file()
+    assert main(["export", "hf", str(run), "--checkpoint", "12345"]) == 2
+    assert main(["inspect", "shards", str(run / "tokens"), "--source", "stdlib", "--length", "32"]) == 0
+
+    # An interrupted tokenize (no manifest yet) resumes from its finished shards instead of starting over.
+    (run / "tokens" / "manifest.json").unlink()
+    assert main(["tokenize", str(QUICKSTART_CONFIG), *config]) == 0
+    assert read_manifest(run / "tokens")["result"]["resumed_shards"] >= 1
+    assert read_manifest(run / "tokens")["outputs"] == first_outputs["tokens"]
 
     again = quickstart(first_dir)
     assert all(s["skipped"] for s in again["stages"].values())

@@ -77,8 +77,75 @@ def build_parser() -> argparse.ArgumentParser:
             )
             actions = tokenizer.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
             _add_config_args(actions.add_parser("train", help=help_text, description=description))
+            p = actions.add_parser(
+                "eval",
+                help="bytes per token, fertility and more, per source and language",
+                description="Evaluate the run's tokenizer (or several, or one per vocab size) on a documents "
+                "split: bytes per token, fertility, continued-word rate, longest and unused tokens; "
+                "writes a table, JSON and an SVG plot under RUN/tokenizer_eval/.",
+            )
+            _add_config_args(p)
+            p.add_argument(
+                "--tokenizer",
+                action="append",
+                default=[],
+                metavar="NAME=DIR",
+                help="compare this tokenizer directory too (repeatable)",
+            )
+            p.add_argument(
+                "--vocab-sizes",
+                default="",
+                metavar="N,N,...",
+                help="train one tokenizer per vocab size with [tokenizer] and compare them",
+            )
+            p.add_argument("--split", default="val", help="documents split to measure on (default: val)")
         else:
             _add_config_args(sub.add_parser(name, help=help_text, description=description))
+    export = sub.add_parser(
+        "export", help="export a checkpoint for other tools", description="Export commands."
+    )
+    formats = export.add_subparsers(dest="export_format", metavar="FORMAT", required=True)
+    p = formats.add_parser(
+        "hf",
+        help="a Hugging Face folder (config.json, model.safetensors, tokenizer)",
+        description="Write RUN/export/hf/, which transformers loads with "
+        "AutoModelForCausalLM and AutoTokenizer.",
+    )
+    p.add_argument("run", help="run directory, e.g. runs/quickstart")
+    p.add_argument("--checkpoint", default="latest", help="latest (default) or a step number")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--out", default=None, help="output folder (default: RUN/export/hf)")
+
+    inspect = sub.add_parser("inspect", help="look inside artifacts", description="Inspection commands.")
+    looks = inspect.add_subparsers(dest="inspect_command", metavar="WHAT", required=True)
+    p = looks.add_parser(
+        "shards",
+        help="decode a window of a token shard with document boundaries marked",
+        description="Decode tokens of one shard, marking where each document begins, and "
+        "summarize token frequencies.",
+    )
+    p.add_argument("tokens", help="tokens directory of a run, e.g. runs/quickstart/tokens")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's)")
+    p.add_argument("--split", default="train")
+    p.add_argument("--source", required=True, help="source name")
+    p.add_argument("--shard", type=int, default=0)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--length", type=int, default=256)
+
+    plan = sub.add_parser(
+        "plan", help="sizes, FLOPs and memory before spending compute", description="Planning commands."
+    )
+    plans = plan.add_subparsers(dest="plan_command", metavar="WHAT", required=True)
+    p = plans.add_parser(
+        "model",
+        help="parameters, FLOPs per token, KV cache and weight memory of a preset",
+        description="Describe a model preset: parameters (total, non-embedding), training "
+        "FLOPs per token (6N + 12 L d s), KV-cache bytes per token, weight memory.",
+    )
+    p.add_argument("preset", help="preset name, e.g. llama-1b")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
+    p.add_argument("--vocab-size", type=int, default=32_768, help="vocabulary size (default: 32768)")
+
     p = sub.add_parser(
         "eval",
         help="held-out loss, bits-per-byte and samples of a checkpoint",
@@ -118,6 +185,24 @@ def _dispatch(args: argparse.Namespace) -> int:
     from smelt.pipeline import STAGES, run_stage
 
     command = args.command
+    if command == "export":
+        return _export_hf(args)
+    if command == "inspect":
+        from smelt.tokens.inspect import describe_window
+
+        tokens = Path(args.tokens)
+        tokenizer = Path(args.tokenizer) if args.tokenizer else tokens.parent / "tokenizer"
+        print(
+            describe_window(tokens, args.split, args.source, args.shard, args.start, args.length, tokenizer)
+        )
+        return 0
+    if command == "tokenizer" and args.tokenizer_command == "eval":
+        return _tokenizer_eval(args)
+    if command == "plan":
+        from smelt.model.plan import describe_preset
+
+        _print_table(describe_preset(args.preset, seq_len=args.seq_len, vocab_size=args.vocab_size))
+        return 0
     if command == "quickstart":
         overrides = list(args.overrides)
         if args.run_dir:
@@ -139,6 +224,58 @@ def _dispatch(args: argparse.Namespace) -> int:
     outcome = run_stage(cfg, stage, force=args.force)
     _print_table([(k, v) for k, v in _flat(outcome.result).items()][:40])
     print(f"\n{stage}: {'up to date' if outcome.skipped else 'done'} -> {outcome.directory}")
+    return 0
+
+
+def _export_hf(args: argparse.Namespace) -> int:
+    from smelt.checkpoint import latest_checkpoint
+    from smelt.model.hf import export_hf
+
+    run = Path(args.run)
+    checkpoints = run / "train" / "checkpoints"
+    if args.checkpoint == "latest":
+        checkpoint = latest_checkpoint(checkpoints)
+    else:
+        checkpoint = checkpoints / f"step_{int(args.checkpoint):07d}" if args.checkpoint.isdigit() else None
+    if checkpoint is None or not (checkpoint / "COMMITTED").is_file():
+        raise UserError(
+            f"no committed checkpoint {args.checkpoint!r} under {checkpoints}. Train the run first "
+            f"(`smelt run CONFIG`), or pass --checkpoint latest or a step listed there."
+        )
+    out = Path(args.out) if args.out else run / "export" / "hf"
+    summary = export_hf(checkpoint, run / "tokenizer", out, dtype=args.dtype)
+    _print_table([(k, v) for k, v in _flat(summary).items()])
+    return 0
+
+
+def _tokenizer_eval(args: argparse.Namespace) -> int:
+    from smelt.tokenizer.evaluate import document_groups, evaluate_tokenizers, train_and_evaluate
+
+    cfg = load_config(args.config, args.overrides)
+    documents, out_dir = cfg.run_dir / "documents", cfg.run_dir / "tokenizer_eval"
+    if args.vocab_sizes:
+        try:
+            sizes = [int(x) for x in args.vocab_sizes.split(",") if x.strip()]
+        except ValueError as exc:
+            raise UserError(
+                f"--vocab-sizes {args.vocab_sizes!r} must be integers separated by commas."
+            ) from exc
+        report = train_and_evaluate(cfg.tokenizer, documents, out_dir, cfg.run.seed, sizes, args.split)
+    else:
+        tokenizers: dict[str, Path] = {}
+        if (cfg.run_dir / "tokenizer" / "tokenizer.json").is_file():
+            tokenizers["run"] = cfg.run_dir / "tokenizer"
+        for item in args.tokenizer:
+            name, sep, directory = item.partition("=")
+            if not sep or not name:
+                raise UserError(
+                    f"--tokenizer {item!r} must be NAME=DIR, e.g. --tokenizer big=runs/x/tokenizer."
+                )
+            tokenizers[name] = Path(directory)
+        report = evaluate_tokenizers(tokenizers, document_groups(documents, args.split), out_dir)
+    print(report["table"])
+    for kind, path in report.get("paths", {}).items():
+        print(f"  {kind:<5} {path}")
     return 0
 
 

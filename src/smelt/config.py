@@ -82,12 +82,27 @@ class TokenizerConfig:
     sample_bytes: int = _opt(50_000_000, range=(1_000, 10**13), help="training-sample byte budget")
     min_frequency: int = _opt(2, range=(1, 10**9), help="minimum pair count for a merge")
     pattern: str = _opt("gpt4", help="pre-tokenization regex: `gpt4`, `gpt2`, or a regex")
+    fim_tokens: bool = _opt(True, help="add <|fim_prefix|>, <|fim_middle|>, <|fim_suffix|> special tokens")
+    chat_tokens: bool = _opt(
+        True, help="add chat-role special tokens (<|system|>, <|user|>, <|assistant|>, ...)"
+    )
+    spare_tokens: int = _opt(64, range=(0, 1_000_000), help="reserved special tokens kept free (at least)")
+    source_alpha: float = _opt(
+        1.0, range=(0.0, 1.0), help="sample temperature on source sizes (1: proportional, 0: uniform)"
+    )
+    lang_alpha: float = _opt(
+        0.3, range=(0.0, 1.0), help="sample temperature on language sizes within a source (lang column)"
+    )
+    source_weights: dict = _opt({}, help="extra sample weight per source name (default 1)")
+    lang_weights: dict = _opt({}, help="extra sample weight per language code (default 1)")
 
 
 @dataclass
 class TokensConfig:
     shard_tokens: int = _opt(100_000_000, range=(1_000, 10**11), help="tokens per shard file")
     batch_docs: int = _opt(1024, range=(1, 10**7), help="documents encoded per batch")
+    workers: int = _opt(0, range=(0, 1024), help="encoding processes (0: one per CPU core)")
+    bos: bool = _opt(False, help="also put BOS before each document (EOS always follows it)")
 
 
 @dataclass
@@ -104,6 +119,17 @@ class ModelConfig:
     tie_embeddings: bool = _opt(True)
     init_std: float = _opt(0.02, range=(1e-6, 1.0))
     max_seq_len: int = _opt(1024, range=(8, 10**7))
+    rope_fraction: float = _opt(
+        1.0, range=(0.0, 1.0), help="share of each head's dims that RoPE rotates (0: no RoPE anywhere)"
+    )
+    nope_every: int = _opt(0, range=(0, 1024), help="every k-th layer (k, 2k, ...) uses no RoPE (0: none)")
+    z_loss: float = _opt(0.0, range=(0.0, 1.0), help="z-loss coefficient on log^2 Z (0: off; 1e-4 typical)")
+    head_init_std: float = _opt(
+        0.0,
+        range=(0.0, 1.0),
+        help="LM head init std, also the tied embedding's (0: min(init_std, 1/d_model))",
+    )
+    activation_checkpointing: bool = _opt(False, help="recompute each block in the backward pass")
 
 
 @dataclass
@@ -282,7 +308,13 @@ def _type_name(tp: Any) -> str:
         return f"a list of {_type_name(typing.get_args(tp)[0])}"
     if dataclasses.is_dataclass(tp):
         return "a table"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
+    return {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        dict: "a table",
+    }.get(tp, str(tp))
 
 
 def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) -> Any:
@@ -314,6 +346,9 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) ->
         value = float(value)
     elif tp is str:
         if not isinstance(value, str):
+            raise wrong()
+    elif tp is dict:
+        if not isinstance(value, dict):
             raise wrong()
     lo_hi = meta.get("range") if meta else None
     if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
@@ -370,11 +405,13 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
         raise ConfigError(f"{origin}: tokenizer.special_tokens needs at least bos, eos and pad.")
     if len(set(t.special_tokens)) != len(t.special_tokens):
         raise ConfigError(f"{origin}: tokenizer.special_tokens repeats a token; list each once.")
-    smallest = 256 + len(t.special_tokens)
+    specials = len(t.special_tokens) + 3 * t.fim_tokens + 5 * t.chat_tokens + t.spare_tokens
+    smallest = 256 + specials
     if t.vocab_size < smallest:
         raise ConfigError(
             f"{origin}: tokenizer.vocab_size = {t.vocab_size} is too small: a byte-level BPE needs 256 byte "
-            f"tokens plus {len(t.special_tokens)} special tokens. Set tokenizer.vocab_size >= {smallest}."
+            f"tokens plus {specials} special and spare tokens (special_tokens, fim_tokens, chat_tokens, "
+            f"spare_tokens). Set tokenizer.vocab_size >= {smallest}, or reserve fewer special tokens."
         )
 
 

@@ -29,6 +29,9 @@ STAGE_DIRS = {
     "train": "train",
     "eval": "eval",
 }
+# Stages that pick up an interrupted run where it stopped (per-shard completion markers) instead of
+# starting over; a finished stage whose config or inputs changed always starts from an empty directory.
+RESUMABLE_STAGES = ("tokenize",)
 # Which config sections decide each stage's output (its cache key, with its inputs).
 STAGE_SECTIONS = {
     "curate": ("data",),
@@ -130,9 +133,10 @@ def run_stage(cfg: Config, stage: str, force: bool = False) -> StageOutcome:
         log(f"[{stage}] up to date, skipped ({directory})")
         return StageOutcome(stage, directory, True, 0.0, manifest.get("result", {}))
     log(f"[{stage}] running -> {directory}")
-    if directory.exists():
+    interrupted = directory.exists() and spec.read_manifest() is None
+    if directory.exists() and not (interrupted and stage in RESUMABLE_STAGES):
         shutil.rmtree(directory)  # stale outputs would otherwise leak into the output hashes
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
     started = time.time()
     result = _execute(cfg, stage, directory)
     manifest = spec.write_manifest(started, extra={"result": result})

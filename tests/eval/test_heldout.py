@@ -8,9 +8,10 @@ import torch
 
 from helpers import write_documents
 from smelt.config import ModelConfig, TokenizerConfig, TokensConfig
+from smelt.documents import read_texts
 from smelt.errors import UserError
 from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
-from smelt.eval.heldout import heldout_bits_per_byte, read_split_texts, stream_nll
+from smelt.eval.heldout import heldout_bits_per_byte, stream_nll
 from smelt.model.transformer import Transformer
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokenizer.train import train_tokenizer
@@ -67,7 +68,7 @@ def test_uniform_model_scores_ln_v_per_token_and_counts_every_byte(run):
     result = score_uniform(run, batch_size=4)
     for source in ("prose", "code"):
         figures = result["per_source"][source]
-        texts = read_split_texts(run / "documents", "val", source)
+        texts = read_texts(run / "documents", "val", source)
         assert figures["bytes"] == sum(len(t.encode()) for t in texts)
         shards = ShardSet(run / "tokens", "val", source)
         assert figures["tokens"] == shards.total_tokens  # every token predicted once, EOS included
@@ -85,7 +86,7 @@ def test_token_bytes_match_text_bytes(run):
         stream = ShardSet(run / "tokens", "val", source).read(
             0, ShardSet(run / "tokens", "val", source).total_tokens
         )
-        texts = read_split_texts(run / "documents", "val", source)
+        texts = read_texts(run / "documents", "val", source)
         assert int(lengths[stream.astype(np.int64)].sum()) == sum(len(t.encode()) for t in texts)
 
 

@@ -62,27 +62,48 @@ def test_special_ids_and_padding(real_tokenizer):
     tok = Tokenizer.load(directory)
     info = json.loads((directory / "smelt.json").read_text())
     assert (tok.bos_id, tok.eos_id, tok.pad_id) == (0, 1, 2)
-    assert info["special_tokens"] == {"<|bos|>": 0, "<|eos|>": 1, "<|pad|>": 2}
-    assert info["trained_vocab_size"] == 1000 == stats["trained_vocab_size"]
+    named = ["<|bos|>", "<|eos|>", "<|pad|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"]
+    named += ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|end_of_turn|>"]
+    assert info["special_tokens"] == {t: i for i, t in enumerate(named)}
+    # vocab_size 1000 minus 64 spares is trained; padding to 1024 leaves 88 >= 64 reserved tokens
+    assert info["trained_vocab_size"] == 936 == stats["trained_vocab_size"]
     assert info["vocab_size"] == info["padded_vocab_size"] == tok.vocab_size == 1024
+    assert info["reserved_tokens"] == 88 >= 64
     assert tok.vocab_size % 128 == 0
     assert tok.inner.get_vocab_size(with_added_tokens=True) == 1024
     # every padded row is a real token that decodes as a special one
-    assert tok.id_to_token(1000) == "<|reserved_0|>"
-    assert tok.id_to_token(1023) == "<|reserved_23|>"
-    assert tok.decode([1023, 1]) == "<|reserved_23|><|eos|>"
-    assert tok.decode([5, 1023], skip_special_tokens=True) == tok.decode([5])
+    assert tok.id_to_token(936) == "<|reserved_0|>"
+    assert tok.id_to_token(1023) == "<|reserved_87|>"
+    assert tok.decode([1023, 1]) == "<|reserved_87|><|eos|>"
+    assert tok.decode([20, 1023], skip_special_tokens=True) == tok.decode([20])
     # a special token's text in raw input maps to its id (not to pieces)
     assert tok.encode("<|eos|>") == [1]
+    assert tok.encode("<|fim_middle|>x<|user|>")[0] == 4 and tok.encode("<|user|>") == [7]
+    assert len(tok.special_ids()) == 11 + 88
     assert info["sample_documents"] > 0 and 0 < info["sample_bytes_used"] <= 800_000
+
+
+def test_specials_can_be_turned_off(tmp_path, synthetic_documents):
+    cfg = TokenizerConfig(
+        vocab_size=300,
+        pad_to_multiple=64,
+        sample_bytes=10_000,
+        fim_tokens=False,
+        chat_tokens=False,
+        spare_tokens=0,
+    )
+    train_tokenizer(cfg, synthetic_documents, tmp_path / "tok", seed=0)
+    tok = Tokenizer.load(tmp_path / "tok")
+    assert list(tok.special_tokens) == ["<|bos|>", "<|eos|>", "<|pad|>"]
+    assert tok.vocab_size == 320
 
 
 def test_token_byte_lengths(real_tokenizer):
     tok = Tokenizer.load(real_tokenizer[0])
     lengths = tok.token_byte_lengths()
     assert lengths.dtype == np.int64 and lengths.shape == (tok.vocab_size,)
-    assert (lengths[:3] == 0).all() and (lengths[1000:] == 0).all()
-    assert (lengths[3:1000] >= 1).all()
+    assert (lengths[:11] == 0).all() and (lengths[936:] == 0).all()
+    assert (lengths[11:936] >= 1).all()
     text = "Thou art more lovely and more temperate: 你好 🙂"
     ids = tok.encode(text)
     assert int(lengths[ids].sum()) == len(text.encode("utf-8"))
@@ -107,7 +128,7 @@ def test_real_bytes_per_token(real_tokenizer, real_documents):
 
 
 def test_deterministic(tmp_path, synthetic_documents):
-    cfg = TokenizerConfig(vocab_size=320, pad_to_multiple=64, sample_bytes=10_000, min_frequency=1)
+    cfg = TokenizerConfig(vocab_size=400, pad_to_multiple=64, sample_bytes=10_000, min_frequency=1)
     train_tokenizer(cfg, synthetic_documents, tmp_path / "a", seed=3)
     train_tokenizer(cfg, synthetic_documents, tmp_path / "b", seed=3)
     a = (tmp_path / "a" / "tokenizer.json").read_bytes()
@@ -117,7 +138,7 @@ def test_deterministic(tmp_path, synthetic_documents):
     code = (
         "import sys; from pathlib import Path; from smelt.config import TokenizerConfig; "
         "from smelt.tokenizer.train import train_tokenizer; "
-        "train_tokenizer(TokenizerConfig(vocab_size=320, pad_to_multiple=64, sample_bytes=10_000, "
+        "train_tokenizer(TokenizerConfig(vocab_size=400, pad_to_multiple=64, sample_bytes=10_000, "
         "min_frequency=1), Path(sys.argv[1]), Path(sys.argv[2]), seed=3)"
     )
     env = {**os.environ, "SMELT_QUIET": "1"}
@@ -129,11 +150,11 @@ def test_deterministic(tmp_path, synthetic_documents):
 
 def test_synthetic_vocab_and_pattern_choices(tmp_path, synthetic_documents):
     for pattern in ("gpt2", r"\p{L}+|\p{N}|[^\p{L}\p{N}]+"):
-        cfg = TokenizerConfig(vocab_size=300, pad_to_multiple=128, sample_bytes=10_000, pattern=pattern)
+        cfg = TokenizerConfig(vocab_size=400, pad_to_multiple=128, sample_bytes=10_000, pattern=pattern)
         out = tmp_path / pattern.replace("\\", "").replace("|", "")[:8]
         stats = train_tokenizer(cfg, synthetic_documents, out, seed=0)
         tok = Tokenizer.load(out)
-        assert tok.vocab_size == 384 == stats["padded_vocab_size"]
+        assert tok.vocab_size == 512 == stats["padded_vocab_size"]
         for text in ROUND_TRIP:
             assert tok.decode(tok.encode(text)) == text
 
@@ -167,19 +188,21 @@ def test_sample_respects_budget_and_seed(tmp_path):
 
 
 def test_too_small_vocab_is_a_user_error(tmp_path, synthetic_documents):
-    cfg = TokenizerConfig(vocab_size=258)  # bypasses config validation: 256 bytes + 3 specials = 259
-    with pytest.raises(UserError, match=r"tokenizer.vocab_size = 258 is too small.*>= 259"):
+    cfg = TokenizerConfig(vocab_size=258)  # bypasses config validation: 256 bytes + 11 specials + 64 spares
+    with pytest.raises(
+        UserError, match=r"tokenizer.vocab_size = 258 is too small.*spare_tokens = 64.*>= 331"
+    ):
         train_tokenizer(cfg, synthetic_documents, tmp_path / "tok", seed=0)
 
 
 def test_invalid_pattern_is_a_user_error(tmp_path, synthetic_documents):
-    cfg = TokenizerConfig(vocab_size=300, pattern="(unclosed")
+    cfg = TokenizerConfig(vocab_size=400, pattern="(unclosed")
     with pytest.raises(UserError, match=r"tokenizer.pattern = '\(unclosed' is not a valid regex"):
         train_tokenizer(cfg, synthetic_documents, tmp_path / "tok", seed=0)
 
 
 def test_missing_or_empty_train_split(tmp_path):
-    cfg = TokenizerConfig(vocab_size=300)
+    cfg = TokenizerConfig(vocab_size=400)
     with pytest.raises(UserError, match="Run `smelt curate CONFIG` first"):
         train_tokenizer(cfg, tmp_path / "nothing", tmp_path / "tok", seed=0)
     docs = tmp_path / "docs"
@@ -207,4 +230,32 @@ def test_tokenizer_json_is_standard_hf_format(real_tokenizer):
     assert data["normalizer"]["type"] == "NFC"
     assert [p["type"] for p in data["pre_tokenizer"]["pretokenizers"]] == ["Split", "ByteLevel"]
     assert data["decoder"]["type"] == "ByteLevel"
-    assert len(data["added_tokens"]) == 3 + 24 and all(t["special"] for t in data["added_tokens"])
+    assert len(data["added_tokens"]) == 11 + 88 and all(t["special"] for t in data["added_tokens"])
+
+
+def test_round_trip_every_document_of_a_shared_corpus_sample(real_tokenizer, shared_data):
+    tok = Tokenizer.load(real_tokenizer[0])
+    corpus = shared_data / "corpus"
+    docs = []
+    with open(corpus / "code" / "rustpython_stdlib_crate_rs.jsonl", encoding="utf-8") as handle:
+        docs += [json.loads(line)["text"] for _, line in zip(range(30), handle, strict=False)]
+    udhr = sorted((corpus / "multilingual" / "nltk_udhr2").glob("*.txt"))
+    docs += [p.read_text(encoding="utf-8", errors="replace") for p in udhr[::8]]
+    docs += [(corpus / "prose" / "gutenberg" / "11-0.txt").read_text(encoding="utf-8")[:200_000]]
+    docs = [unicodedata.normalize("NFC", d) for d in docs]
+    assert len(docs) > 70
+    for doc, ids in zip(docs, tok.encode_batch(docs), strict=True):
+        assert tok.decode(ids) == doc
+
+
+def test_loads_in_transformers_and_encodes_identically(real_tokenizer):
+    transformers = pytest.importorskip("transformers")
+    tok = Tokenizer.load(real_tokenizer[0])
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(real_tokenizer[0] / "tokenizer.json"))
+    assert len(hf) == tok.vocab_size
+    for text in ROUND_TRIP + [
+        "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>",
+        "<|user|>hi<|end_of_turn|>",
+    ]:
+        assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
+        assert hf.decode(tok.encode(text)) == tok.decode(tok.encode(text))

@@ -38,7 +38,7 @@ def documents(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory, documents) -> Path:
     out = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer(TokenizerConfig(vocab_size=300, sample_bytes=100_000), documents, out, seed=0)
+    train_tokenizer(TokenizerConfig(vocab_size=400, sample_bytes=100_000), documents, out, seed=0)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -30,7 +31,16 @@ def test_shard_format(tmp_path, documents, tokenizer_dir):
     stats = tokenize(TokensConfig(shard_tokens=100_000, batch_docs=4), documents, tokenizer_dir, out)
     tok = Tokenizer.load(tokenizer_dir)
     meta = json.loads((out / "meta.json").read_text())
-    assert meta == {"dtype": "uint16", "vocab_size": 384, "eos_id": 1, "bos_id": 0, "pad_id": 2}
+    assert meta == {
+        "dtype": "uint16",
+        "vocab_size": 512,
+        "eos_id": 1,
+        "bos_id": 0,
+        "pad_id": 2,
+        "bos": False,
+        "tokenizer_hash": tok.hash,
+        "checksummed": True,
+    }
     for split, source in (("train", "web"), ("train", "code"), ("val", "web")):
         texts = _texts(documents, split, source)
         bins = sorted((out / split / source).glob("*.bin"))
@@ -102,6 +112,7 @@ def test_deterministic(tmp_path, documents, tokenizer_dir):
     tokenize(TokensConfig(shard_tokens=100_000), documents, tokenizer_dir, tmp_path / "a")
     assert [p.name for p in sorted((tmp_path / "a" / "train" / "web").iterdir())] == [
         "00000.bin",
+        "00000.done",
         "00000.idx",
     ]
 
@@ -167,3 +178,104 @@ def test_real_text(tmp_path, shared_data):
     shards = ShardSet(tmp_path / "tokens", "train", "zh")
     for index in (0, 57, 199):
         assert tok.decode(shards.document(index)[:-1]) == zh.splitlines()[index]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_parallel_output_is_byte_identical_to_serial(tmp_path, documents, tokenizer_dir):
+    cfg = TokensConfig(shard_tokens=70, batch_docs=3)
+    serial = tokenize(cfg, documents, tokenizer_dir, tmp_path / "serial", workers=1)
+    parallel = tokenize(cfg, documents, tokenizer_dir, tmp_path / "parallel", workers=2)
+    assert serial["workers"] == 1 and parallel["workers"] == 2
+    assert _tree(tmp_path / "serial") == _tree(tmp_path / "parallel")
+    manifest = json.loads((tmp_path / "parallel" / "shards.json").read_text())
+    web = manifest["splits"]["train"]["web"]
+    assert web["tokens"] == parallel["splits"]["train"]["sources"]["web"]["tokens"]
+    for row in web["shards"]:
+        path = tmp_path / "parallel" / "train" / "web" / f"{row['shard']}.bin"
+        assert row["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert row["tokens"] == path.stat().st_size // 2
+
+
+def test_resume_keeps_finished_shards_and_redoes_the_rest(tmp_path, documents, tokenizer_dir):
+    cfg = TokensConfig(shard_tokens=70, batch_docs=3)
+    reference = tokenize(cfg, documents, tokenizer_dir, tmp_path / "ref")
+    out = tmp_path / "tokens"
+    tokenize(cfg, documents, tokenizer_dir, out)
+    web = out / "train" / "web"
+    shards = sorted(web.glob("*.bin"))
+    assert len(shards) > 4
+    # a crash in the middle of shard 3: its marker never got written, its .bin is half there, nothing after
+    (web / "00003.done").unlink()
+    (web / "00003.bin").write_bytes((web / "00003.bin").read_bytes()[:10])
+    for later in shards[4:]:
+        later.unlink()
+        later.with_suffix(".idx").unlink()
+        later.with_suffix(".done").unlink()
+    (out / "shards.json").unlink()
+    before = {p: p.stat().st_mtime_ns for p in shards[:3]}
+    result = tokenize(cfg, documents, tokenizer_dir, out)
+    others = len(list((out / "train" / "code").glob("*.bin"))) + len(
+        list((out / "val" / "web").glob("*.bin"))
+    )
+    assert result["resumed_shards"] == 3 + others  # web's first three, and every shard of the other sources
+    assert {p: p.stat().st_mtime_ns for p in shards[:3]} == before  # not rewritten
+    assert _tree(out) == _tree(tmp_path / "ref")
+    assert result["splits"] == reference["splits"]
+    # a corrupt finished shard is not trusted: it and everything after it are redone
+    data = bytearray((web / "00001.bin").read_bytes())
+    data[0] ^= 1
+    (web / "00001.bin").write_bytes(bytes(data))
+    again = tokenize(cfg, documents, tokenizer_dir, out)
+    assert again["resumed_shards"] == 1 + others
+    assert _tree(out) == _tree(tmp_path / "ref")
+
+
+def test_bos_option(tmp_path, documents, tokenizer_dir):
+    tok = Tokenizer.load(tokenizer_dir)
+    stats = tokenize(TokensConfig(bos=True), documents, tokenizer_dir, tmp_path / "tokens")
+    shards = ShardSet(tmp_path / "tokens", "val", "web")
+    texts = _texts(documents, "val", "web")
+    for i, text in enumerate(texts):
+        doc = shards.document(i)
+        assert doc[0] == tok.bos_id and doc[-1] == tok.eos_id and tok.decode(doc[1:-1]) == text
+    row = stats["splits"]["val"]["sources"]["web"]
+    assert row["tokens"] == sum(len(tok.encode(t)) + 2 for t in texts)
+
+
+def test_other_tokenizer_is_a_user_error(tmp_path, documents, tokenizer_dir):
+    out = tmp_path / "tokens"
+    tokenize(TokensConfig(), documents, tokenizer_dir, out)
+    other = tmp_path / "other_tokenizer"
+    train_tokenizer(TokenizerConfig(vocab_size=420, sample_bytes=100_000), documents, other, seed=0)
+    with pytest.raises(
+        UserError, match=r"made with another tokenizer .*Point the run at the tokenizer.*--force"
+    ):
+        tokenize(TokensConfig(), documents, other, out)
+    assert ShardSet(out, "train").total_tokens > 0  # the existing shards are untouched
+
+
+def test_missing_or_corrupt_shard_at_read_time(tmp_path, documents, tokenizer_dir):
+    out = tmp_path / "tokens"
+    tokenize(TokensConfig(shard_tokens=70, batch_docs=3), documents, tokenizer_dir, out)
+    web = out / "train" / "web"
+    ShardSet(out, "train")  # verifies every checksum
+    original = (web / "00002.bin").read_bytes()
+    flipped = bytearray(original)
+    flipped[-1] ^= 1
+    (web / "00002.bin").write_bytes(bytes(flipped))
+    with pytest.raises(
+        UserError, match=r"00002.bin is corrupt: its sha256 .* differs .*shards.json.*--force"
+    ):
+        ShardSet(out, "train", "web")
+    assert ShardSet(out, "train", "web", verify="size").total_tokens > 0  # same length: only checksums see it
+    (web / "00002.bin").write_bytes(original)
+    (web / "00002.bin").rename(tmp_path / "moved.bin")
+    with pytest.raises(UserError, match=r"00002.bin is missing .*--force"):
+        ShardSet(out, "train")
+    (tmp_path / "moved.bin").rename(web / "00002.bin")
+    (out / "shards.json").unlink()
+    with pytest.raises(UserError, match=r"incomplete: shards.json is missing.*smelt tokenize CONFIG"):
+        ShardSet(out, "train")

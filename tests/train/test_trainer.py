@@ -158,6 +158,8 @@ def test_nan_loss_stops_with_event(data, tmp_path, monkeypatch):
 
     def poisoned(self, idx, targets=None, **kw):
         logits, loss = real_forward(self, idx, targets, **kw)
+        if isinstance(loss, dict):
+            return logits, {name: value * float("nan") for name, value in loss.items()}
         return logits, loss * float("nan") if loss is not None else loss
 
     monkeypatch.setattr(Transformer, "forward", poisoned)
@@ -183,3 +185,18 @@ def test_grad_accumulation_matches_one_big_batch(data, tmp_path):
         tmp_path / "b",
     )
     assert a["final_train_loss"] == pytest.approx(b["final_train_loss"], rel=1e-5)
+
+
+def test_z_loss_is_optimized_but_the_logged_loss_is_cross_entropy(data, tmp_path):
+    tokens, tokenizer = data
+    plain, with_z = tiny_config(), tiny_config()
+    with_z.model.z_loss = 1.0  # large, so that the first update differs visibly
+    train(plain, tokens, tokenizer, tmp_path / "plain")
+    train(with_z, tokens, tokenizer, tmp_path / "z")
+    first = [
+        next(m for m in read_metrics(tmp_path / name) if m["kind"] == "train") for name in ("plain", "z")
+    ]
+    assert first[0]["step"] == first[1]["step"] == 1
+    assert first[0]["loss"] == first[1]["loss"]  # same weights, same batch: the same cross-entropy
+    last = [[m for m in read_metrics(tmp_path / name) if m["kind"] == "train"][-1] for name in ("plain", "z")]
+    assert last[0]["loss"] != last[1]["loss"]  # the z term changed the updates

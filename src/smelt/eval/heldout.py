@@ -15,24 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
 
 from smelt.config import Config
+from smelt.documents import read_texts
 from smelt.errors import UserError
 from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
 from smelt.manifest import combined_hash, write_json
 from smelt.progress import progress
 
 TASK_SET_VERSION = "heldout-v1"
-
-
-def read_split_texts(documents_dir: Path, split: str, source: str) -> list[str]:
-    texts: list[str] = []
-    for part in sorted((documents_dir / split / source).glob("part-*.parquet")):
-        texts.extend(pq.read_table(part, columns=["text"]).column("text").to_pylist())
-    return texts
 
 
 @torch.no_grad()
@@ -92,7 +85,7 @@ def heldout_bits_per_byte(
     byte_cap = max_bytes // len(sources) if max_bytes else 0
     for source in sources:
         shards = ShardSet(tokens_dir, split, source)
-        texts = read_split_texts(documents_dir, split, source)
+        texts = read_texts(documents_dir, split, source)
         starts = shards.document_starts()
         if len(starts) != len(texts):
             raise UserError(

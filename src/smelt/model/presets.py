@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-# Head dims of 64-128 for the real presets; d_ff = 0 means 8/3 d rounded (to 64 below d=1024, else 256).
+# Head dims of 64-128 for the real presets (tiny-1m, for tests, has 32); d_ff = 0 means 8/3 d rounded
+# up to a multiple of 64 below d = 1024, else of 256. Parameter totals at the vocabulary of the model
+# the shape follows (`smelt plan model PRESET --vocab N` for others): llama-124m is GPT-2 small
+# (124M at V = 50,304, tied); llama-350m 335M at V = 50,304; llama-1b 0.98B and llama-3b 3.2B
+# (Llama 3.2 3B) at V = 128,256, tied; llama-7b is Llama 2 7B (6.74B at V = 32,000, MHA, untied);
+# llama-8b is Llama 3 8B (8.03B at V = 128,256). The tests check these figures.
 MODEL_PRESETS: dict[str, dict[str, object]] = {
     "tiny-1m": {"d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 512},
     "small-5m": {"d_model": 256, "n_layers": 6, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 1024},
-    "llama-124m": {"d_model": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 4, "max_seq_len": 2048},
+    "llama-124m": {"d_model": 768, "n_layers": 12, "n_heads": 12, "n_kv_heads": 12, "max_seq_len": 2048},
     "llama-350m": {"d_model": 1024, "n_layers": 24, "n_heads": 16, "n_kv_heads": 8, "max_seq_len": 2048},
     "llama-1b": {
         "d_model": 2048,
@@ -30,7 +35,7 @@ MODEL_PRESETS: dict[str, dict[str, object]] = {
         "d_model": 4096,
         "n_layers": 32,
         "n_heads": 32,
-        "n_kv_heads": 8,
+        "n_kv_heads": 32,
         "max_seq_len": 4096,
         "tie_embeddings": False,
         "rope_theta": 500_000.0,

@@ -1,9 +1,14 @@
 """A Llama-style decoder-only transformer.
 
-Pre-norm RMSNorm blocks, grouped-query attention with rotary position embeddings (and optional
-QK-norm), a SwiGLU MLP, no biases anywhere, and an LM head tied to the token embedding or not.
-Everything numerically delicate (norm statistics, RoPE angles, the loss) is computed in fp32 so
-that bf16 autocast only touches the matmuls.
+Pre-norm RMSNorm blocks, grouped-query attention with rotary position embeddings (optionally on a
+fraction of each head's dims, optionally skipped on every k-th layer, with optional QK-norm), a
+SwiGLU MLP, no biases anywhere, and an LM head tied to the token embedding or not. Everything
+numerically delicate (norm statistics, RoPE angles, the loss) is computed in fp32 so that bf16
+autocast only touches the matmuls.
+
+Packed sequences: pass `doc_ids` [B, T] (positions with different ids never attend to each other)
+and `position_ids` [B, T] (RoPE positions that restart at each document); `doc_ids_from_tokens`
+and `position_ids_from_doc_ids` derive both from EOS-joined token streams.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from smelt.config import ModelConfig
 from smelt.model.flops import resolved_d_ff
@@ -37,19 +43,40 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.float()).type_as(x)
 
 
-def rope_table(head_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
-    """(cos, sin) of the rotary angles t * w_j, [max_seq_len, head_dim / 2, 2], fp32.
+def rotary_dim(cfg: ModelConfig) -> int:
+    """Dims of each head that RoPE rotates: rope_fraction of the head dim, rounded down to even."""
+    head_dim = cfg.d_model // cfg.n_heads
+    return int(head_dim * cfg.rope_fraction) // 2 * 2
 
-    Angles are formed in fp64 so large positions keep their precision. The table is stored real, not
-    complex, so that casting the module (model.to(torch.bfloat16)) cannot silently drop the sines.
+
+def uses_rope(cfg: ModelConfig, layer: int) -> bool:
+    """Layer k, 2k, 3k, ... (1-based) is a NoPE layer when nope_every = k."""
+    if rotary_dim(cfg) == 0:
+        return False
+    return not (cfg.nope_every and (layer + 1) % cfg.nope_every == 0)
+
+
+def rope_table(rot_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
+    """(cos, sin) of the rotary angles t * w_j, [max_seq_len, rot_dim / 2, 2], fp32.
+
+    w_j = theta^(-2j / rot_dim). Angles are formed in fp64 so large positions keep their precision.
+    The table is stored real, not complex, so that casting the module (model.to(torch.bfloat16))
+    cannot silently drop the sines.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
     angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
     return torch.stack((angles.cos(), angles.sin()), dim=-1).float()
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of x [B, H, T, hd] by the angles of table [T, hd/2, 2], in fp32."""
+    """Rotate pairs (x[2i], x[2i+1]) of x [B, H, T, hd] by the angles of table [..., T, r/2, 2], in fp32.
+
+    The table broadcasts against x (e.g. [B, 1, T, r/2, 2] for per-sequence positions). With a
+    partial rotary dim r < hd only the first r dims of each head rotate; the rest pass through.
+    """
+    rot = 2 * table.shape[-2]
+    if rot < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], table), x[..., rot:]), dim=-1)
     table = table.float()
     xf = x.float().unflatten(-1, (-1, 2))
     if torch.compiler.is_compiling():
@@ -59,8 +86,41 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     else:
         # Eager: one complex multiply is ~3x faster on CPU than the real form's separate ops and copies.
-        out = torch.view_as_real(torch.view_as_complex(xf) * torch.view_as_complex(table))
+        out = torch.view_as_real(torch.view_as_complex(xf) * torch.view_as_complex(table.contiguous()))
     return out.flatten(-2).type_as(x)
+
+
+def doc_ids_from_tokens(idx: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """Document ids [B, T] of an EOS-joined stream: each EOS opens the next document.
+
+    The EOS is the separator the next document is predicted from (smelt prompts start with it too),
+    so it belongs to that document: the last token of a document still predicts the EOS while seeing
+    its own document, and the EOS, at position 0, predicts the first token of the next one.
+    """
+    return torch.cumsum((idx == eos_id).long(), dim=-1)
+
+
+def position_ids_from_doc_ids(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Positions [B, T] that restart at 0 wherever the document id changes."""
+    B, T = doc_ids.shape
+    pos = torch.arange(T, device=doc_ids.device).expand(B, T)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    # The index of the latest document start at or before each position.
+    start_of = torch.cummax(torch.where(starts, pos, torch.zeros_like(pos)), dim=-1).values
+    return pos - start_of
+
+
+def attention_mask(
+    q_doc: torch.Tensor | None, k_doc: torch.Tensor | None, start: int, T: int, device
+) -> torch.Tensor:
+    """Boolean SDPA mask [B or 1, 1, T, start + T]: causal, and within one document when ids are given."""
+    q_pos = torch.arange(start, start + T, device=device)
+    k_pos = torch.arange(start + T, device=device)
+    mask = (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if q_doc is not None:
+        mask = mask & (q_doc[:, None, :, None] == k_doc[:, None, None, :])
+    return mask
 
 
 class Attention(nn.Module):
@@ -79,27 +139,29 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        rope: torch.Tensor,
+        rope: torch.Tensor | None,
         cache: KVCache | None = None,
         layer: int = 0,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """rope None: a NoPE layer. mask None: plain causal attention (or a single decode step)."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
-        causal = True
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        causal = mask is None
         if cache is not None:
-            # Prefill (empty cache) is ordinary causal attention; a decode step of one token
-            # attends to every cached position, which is_causal would wrongly mask (top-left aligned).
-            causal = cache.pos == 0
-            if not causal and T != 1:
-                raise ValueError("a KV-cached forward after the prefill takes one token at a time")
+            if mask is None and cache.pos > 0:
+                # One decode token attends to every cached position; is_causal would wrongly mask
+                # (it is top-left aligned), and the forward only omits the mask when T == 1.
+                causal = False
             k, v = cache.update(layer, k, v)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads
         )
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -126,9 +188,47 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, cache=None, layer=0) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache, layer)
+    def forward(self, x, rope, cache=None, layer=0, mask=None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache, layer, mask)
         return x + self.mlp(self.mlp_norm(x))
+
+
+def resolved_head_init_std(cfg: ModelConfig) -> float:
+    """Init std of the LM head (and of the embedding when tied): head_init_std, else min(init_std, 1/d).
+
+    Why not init_std: the final RMSNorm gives h = norm(x) unit RMS, so a head with entries of std s
+    makes logits of std s * sqrt(d), and the step-0 loss exceeds ln V by about s^2 d / 2 (0.15 at
+    d = 768, 0.8 at d = 4096 for s = 0.02). A tied head is worse: at init the residual stream is
+    still mostly the input token's own embedding, which the head scores at about s * d (15 at
+    d = 768), so the model starts out confidently predicting a repeat of its input. With s = 1/d the
+    self-score is at most ~1 and the other logits have std 1/sqrt(d), so the step-0 loss is
+    ln V + O(1/V + 1/d) at every width; at d <= 50 it is the usual 0.02. Unlike an output multiplier
+    this leaves the training dynamics of the logits unchanged (Adam's step size does not depend on
+    the init scale) and the exported model needs no extra constant.
+    """
+    return cfg.head_init_std or min(cfg.init_std, 1.0 / cfg.d_model)
+
+
+def lm_loss(
+    logits: torch.Tensor, targets: torch.Tensor, z_loss: float = 0.0, reduction: str = "mean"
+) -> dict[str, torch.Tensor]:
+    """{"ce", "z_loss", "loss"}: cross-entropy and z_loss * log^2 Z in fp32, ignoring targets of -100.
+
+    reduction "mean" averages over the scored positions; "none" gives [B, T] with 0 where ignored.
+    "loss" = ce + z_loss term is what to backpropagate; "ce" is what to log.
+    """
+    B, T = targets.shape
+    # Upcast: a bf16 log-softmax over a large vocabulary is visibly inaccurate.
+    flat = logits.float().flatten(0, 1)
+    ce = F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE_INDEX, reduction=reduction)
+    if reduction == "none":
+        ce = ce.view(B, T)
+    if not z_loss:
+        return {"ce": ce, "z_loss": torch.zeros_like(ce), "loss": ce}
+    keep = (targets.flatten() != IGNORE_INDEX).float()
+    z = z_loss * torch.logsumexp(flat, dim=-1).pow(2) * keep
+    z = z.view(B, T) if reduction == "none" else z.sum() / keep.sum().clamp(min=1.0)
+    return {"ce": ce, "z_loss": z, "loss": ce + z}
 
 
 class Transformer(nn.Module):
@@ -142,17 +242,21 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        table = rope_table(cfg.d_model // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        self.rope_layers = [uses_rope(cfg, i) for i in range(cfg.n_layers)]
+        table = rope_table(max(rotary_dim(cfg), 2), cfg.max_seq_len, cfg.rope_theta)
         # Not persistent: derived from the config, so it stays out of checkpoints.
         self.register_buffer("rope", table, persistent=False)
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
+        def trunc_(weight: torch.Tensor, std: float) -> None:
+            nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
         std = self.cfg.init_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+                trunc_(module.weight, std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
         # Each block adds two residual branches; scaling their output projections keeps the
@@ -160,7 +264,9 @@ class Transformer(nn.Module):
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for block in self.blocks:
             for weight in (block.attn.wo.weight, block.mlp.down.weight):
-                nn.init.trunc_normal_(weight, mean=0.0, std=out_std, a=-3 * out_std, b=3 * out_std)
+                trunc_(weight, out_std)
+        # The head (the embedding too, when tied) gets its own std: see resolved_head_init_std.
+        trunc_(self.lm_head.weight, resolved_head_init_std(self.cfg))
 
     def forward(
         self,
@@ -169,31 +275,48 @@ class Transformer(nn.Module):
         *,
         reduction: str = "mean",
         cache: KVCache | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [B, T, V] and, with targets, the cross-entropy (mean, or [B, T] with reduction="none").
+        doc_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        loss_parts: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor] | None]:
+        """Logits [B, T, V] and, with targets, the loss (mean, or [B, T] with reduction="none").
 
-        Targets equal to -100 are ignored; with reduction="none" they contribute a loss of 0.
+        Targets equal to -100 are ignored; with reduction="none" they contribute a loss of 0. The loss
+        is the cross-entropy plus the z-loss term when cfg.z_loss > 0 (the term to backpropagate);
+        with loss_parts=True the second value is lm_loss's dict {"loss", "ce", "z_loss"} instead, so a
+        trainer can log the pure cross-entropy.
+
+        doc_ids [B, T]: positions with different ids never attend to each other (intra-document
+        masking for packed sequences). position_ids [B, T]: RoPE positions (default: start + 0..T-1);
+        pass position_ids_from_doc_ids(doc_ids) to restart them at each document.
         """
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {start + T} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
-        rope = self.rope[start : start + T]
+        if position_ids is None:
+            rope = self.rope[start : start + T]
+        else:
+            rope = self.rope[position_ids].unsqueeze(1)  # [B, 1, T, r/2, 2]
+        mask = None
+        if cache is not None and doc_ids is not None:
+            mask = attention_mask(doc_ids, cache.store_doc_ids(doc_ids), start, T, idx.device)
+        elif doc_ids is not None:
+            mask = attention_mask(doc_ids, doc_ids, 0, T, idx.device)
+        elif cache is not None and start > 0 and T > 1:
+            mask = attention_mask(None, None, start, T, idx.device)
         x = self.tok_emb(idx)
+        ckpt = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer, block in enumerate(self.blocks):
-            x = block(x, rope, cache, layer)
+            layer_rope = rope if self.rope_layers[layer] else None
+            if ckpt and cache is None:
+                x = checkpoint(block, x, layer_rope, None, layer, mask, use_reentrant=False)
+            else:
+                x = block(x, layer_rope, cache, layer, mask)
         if cache is not None:
             cache.advance(T)
         logits = self.lm_head(self.norm(x))
-        loss = None
-        if targets is not None:
-            # Upcast: a bf16 log-softmax over a large vocabulary is visibly inaccurate.
-            loss = F.cross_entropy(
-                logits.float().flatten(0, 1),
-                targets.flatten(),
-                ignore_index=IGNORE_INDEX,
-                reduction=reduction,
-            )
-            if reduction == "none":
-                loss = loss.view(B, T)
-        return logits, loss
+        if targets is None:
+            return logits, None
+        parts = lm_loss(logits, targets, self.cfg.z_loss, reduction)
+        return logits, (parts if loss_parts else parts["loss"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,15 @@ TOKENIZER_JSON = "tokenizer.json"
 SMELT_JSON = "smelt.json"
 
 
+def tokenizer_hash(directory: str | Path) -> str:
+    """sha256 of `tokenizer.json` and `smelt.json`: what token shards record to catch a changed tokenizer."""
+    digest = hashlib.sha256()
+    for name in (TOKENIZER_JSON, SMELT_JSON):
+        data = (Path(directory) / name).read_bytes()
+        digest.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
 class Tokenizer:
     """A trained smelt tokenizer. `encode` never adds special tokens; `vocab_size` is the padded size."""
 
@@ -28,6 +38,7 @@ class Tokenizer:
         self.pad_id: int = int(info["pad_id"])
         self.vocab_size: int = int(info["vocab_size"])
         self.special_tokens: dict[str, int] = dict(info.get("special_tokens", {}))
+        self.hash: str = str(info.get("hash", ""))
         if inner.get_vocab_size(with_added_tokens=True) != self.vocab_size:
             raise UserError(
                 f"tokenizer in {directory}: tokenizer.json has {inner.get_vocab_size(with_added_tokens=True)} "
@@ -52,6 +63,7 @@ class Tokenizer:
             raise UserError(
                 f"tokenizer at {directory} cannot be read ({exc}). Re-run `smelt tokenizer train CONFIG --force`."
             ) from exc
+        info = {**info, "hash": tokenizer_hash(directory)}
         return cls(inner, info, directory)
 
     # -- encoding ---------------------------------------------------------------------------------

@@ -1,32 +1,34 @@
-"""Token shards: documents -> `tokens/<split>/<source>/NNNNN.bin` + `NNNNN.idx`, and the reader.
+"""Token shards: the format, the writer and the verified reader of `tokens/<split>/<source>/NNNNN.bin`.
 
 `.bin` is a flat little-endian uint16 array (uint32 when the padded vocabulary exceeds 65,536): each
-document's tokens followed by EOS. `.idx` is a little-endian int64 array with the start offset of every
-document within its shard. A shard holds at most `tokens.shard_tokens` tokens; documents are never split
-across shards, and a document longer than a shard gets a shard of its own. `meta.json` records the
-dtype and special ids, `stats.json` the counts per split and source.
+document's tokens (after BOS when `tokens.bos` is set) followed by EOS. `.idx` is a little-endian int64
+array with the start offset of every document within its shard. A shard holds at most
+`tokens.shard_tokens` tokens; documents are never split across shards, and a document longer than a
+shard gets a shard of its own. `NNNNN.done` (JSON) is written last for each shard: counts, sha256 of
+`.bin` and `.idx`, and the key of the settings it was made with; a shard without it does not exist
+(it is rewritten on resume). `meta.json` records the dtype, special ids and tokenizer hash,
+`stats.json` the counts per split and source, `shards.json` every shard's checksums and counts (the
+reader checks shards against it). Encoding lives in `smelt.tokens.tokenize`.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
-import time
-from concurrent.futures import ThreadPoolExecutor
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from smelt.config import TokensConfig
 from smelt.errors import UserError
-from smelt.progress import log, progress
-from smelt.tokenizer.load import Tokenizer
 
 META_JSON = "meta.json"
 STATS_JSON = "stats.json"
+SHARDS_JSON = "shards.json"
+DONE_SUFFIX = ".done"
 FORCE_HINT = "re-run `smelt tokenize CONFIG --force`"
 
 
@@ -38,40 +40,103 @@ def shard_name(index: int) -> str:
     return f"{index:05d}"
 
 
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON through a temporary file and a rename, so a crash never leaves half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def tokenize(
+    cfg: TokensConfig, documents_dir: Path, tokenizer_dir: Path, out_dir: Path, **kwargs
+) -> dict[str, Any]:
+    """Documents -> token shards; see `smelt.tokens.tokenize.tokenize` (kept here for existing imports)."""
+    from smelt.tokens.tokenize import tokenize as run
+
+    return run(cfg, documents_dir, tokenizer_dir, out_dir, **kwargs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing
 
 
 class ShardWriter:
-    """Appends documents (tokens + EOS) to numbered shards of one split/source directory."""
+    """Appends documents (tokens + EOS) to numbered shards of one split/source directory.
 
-    def __init__(self, directory: Path, dtype: np.dtype, shard_tokens: int):
+    `first_shard` > 0 continues after shards kept from an interrupted run (their files are left alone;
+    every later `.bin`/`.idx`/`.done` is removed). With `key` set, each closed shard gets its `.done`
+    marker (counts, checksums, key); `first_document` is the index of the next document in the source.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        dtype: np.dtype,
+        shard_tokens: int,
+        first_shard: int = 0,
+        first_document: int = 0,
+        key: str | None = None,
+    ):
         self.directory = directory
         self.dtype = dtype
         self.shard_tokens = shard_tokens
-        self.shards = 0
+        self.shards = first_shard
+        self.key = key
+        self.document = first_document
+        self.markers: list[dict[str, Any]] = []
         self._file = None
         self._offsets: list[int] = []
         self._fill = 0
+        self._bytes = 0
+        self._hash = hashlib.sha256()
         directory.mkdir(parents=True, exist_ok=True)
-        for stale in list(directory.glob("*.bin")) + list(directory.glob("*.idx")):
-            stale.unlink()
+        for stale in sorted(directory.iterdir()):
+            stem = stale.name.split(".", 1)[0]
+            if stem.isdigit() and int(stem) >= first_shard:
+                stale.unlink()
 
     def _open(self) -> None:
         self._file = open(self.directory / f"{shard_name(self.shards)}.bin", "wb")  # noqa: SIM115
         self._offsets = []
         self._fill = 0
+        self._bytes = 0
+        self._hash = hashlib.sha256()
+        self._first_document = self.document
 
     def close_shard(self) -> None:
         if self._file is None:
             return
         self._file.close()
-        np.asarray(self._offsets, dtype="<i8").tofile(self.directory / f"{shard_name(self.shards)}.idx")
+        name = shard_name(self.shards)
+        index = np.asarray(self._offsets, dtype="<i8")
+        index.tofile(self.directory / f"{name}.idx")
+        if self.key is not None:
+            marker = {
+                "shard": name,
+                "tokens": self._fill,
+                "documents": len(self._offsets),
+                "bytes": self._bytes,
+                "first_document": self._first_document,
+                "sha256": self._hash.hexdigest(),
+                "idx_sha256": hashlib.sha256(index.tobytes()).hexdigest(),
+                "key": self.key,
+            }
+            write_json_atomic(self.directory / f"{name}{DONE_SUFFIX}", marker)
+            self.markers.append(marker)
         self._file = None
         self.shards += 1
 
-    def write_batch(self, flat: np.ndarray, lengths: np.ndarray) -> None:
-        """Write documents given as one flat token array (each already ending in EOS) and their lengths."""
+    def write_batch(self, flat: np.ndarray, lengths: np.ndarray, sizes: np.ndarray | None = None) -> None:
+        """Write documents given as one flat token array (each already ending in EOS) and their lengths;
+        `sizes` (UTF-8 bytes of each document's text) feed the per-shard byte counts."""
         position = 0
         count = len(lengths)
         i = 0
@@ -88,8 +153,13 @@ class ShardWriter:
             size = int(ends[take - 1])
             starts = self._fill + np.concatenate(([0], ends[: take - 1]))
             self._offsets.extend(starts.tolist())
-            self._file.write(flat[position : position + size].tobytes())
+            data = flat[position : position + size].tobytes()
+            self._file.write(data)
+            self._hash.update(data)
+            if sizes is not None:
+                self._bytes += int(np.sum(sizes[i : i + take]))
             self._fill += size
+            self.document += take
             position += size
             i += take
             if self._fill >= self.shard_tokens:
@@ -98,142 +168,6 @@ class ShardWriter:
     def close(self) -> int:
         self.close_shard()
         return self.shards
-
-
-def _splits(documents_dir: Path) -> list[str]:
-    return sorted(p.name for p in documents_dir.iterdir() if p.is_dir() and list(p.glob("*/part-*.parquet")))
-
-
-def tokenize(cfg: TokensConfig, documents_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Encode every split/source of documents into out_dir/<split>/<source>/NNNNN.bin + NNNNN.idx.
-
-    Writes out_dir/meta.json and out_dir/stats.json; returns the stats (with throughput figures).
-    Per source: documents, tokens (the stream, EOS included), bytes (UTF-8 of the text),
-    bytes_per_token (bytes over text tokens, EOS excluded), shards.
-    """
-    started = time.time()
-    documents_dir, out_dir = Path(documents_dir), Path(out_dir)
-    tokenizer = Tokenizer.load(tokenizer_dir)
-    if not documents_dir.is_dir() or not _splits(documents_dir):
-        raise UserError(
-            f"no documents to tokenize: {documents_dir} has no <split>/<source>/part-*.parquet files. "
-            f"Run `smelt curate CONFIG` first."
-        )
-    dtype = token_dtype(tokenizer.vocab_size)
-    eos = tokenizer.eos_id
-    out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "dtype": dtype.name,
-        "vocab_size": tokenizer.vocab_size,
-        "eos_id": eos,
-        "bos_id": tokenizer.bos_id,
-        "pad_id": tokenizer.pad_id,
-    }
-    (out_dir / META_JSON).write_text(json.dumps(meta, indent=2) + "\n")
-
-    parts = {
-        split: sorted((documents_dir / split).glob("*/part-*.parquet")) for split in _splits(documents_dir)
-    }
-    total_docs = sum(pq.ParquetFile(p).metadata.num_rows for files in parts.values() for p in files)
-    splits: dict[str, Any] = {}
-    bar = progress(total=total_docs, desc="tokenize", unit="doc", unit_scale=True)
-    try:
-        for split, files in parts.items():
-            sources: dict[str, list[Path]] = {}
-            for path in files:
-                sources.setdefault(path.parent.name, []).append(path)
-            split_stats: dict[str, Any] = {}
-            for source, source_files in sources.items():
-                writer = ShardWriter(out_dir / split / source, dtype, cfg.shard_tokens)
-                counts = {"documents": 0, "tokens": 0, "bytes": 0}
-                for path in source_files:
-                    _encode_part(path, tokenizer, writer, cfg.batch_docs, eos, dtype, counts, bar)
-                shards = writer.close()
-                text_tokens = counts["tokens"] - counts["documents"]
-                split_stats[source] = {
-                    **counts,
-                    "bytes_per_token": round(counts["bytes"] / text_tokens, 4) if text_tokens else 0.0,
-                    "shards": shards,
-                }
-            splits[split] = {"sources": split_stats, **_totals(split_stats.values())}
-    finally:
-        bar.close()
-
-    wall = time.time() - started
-    totals = _totals(splits.values())
-    stats = {"splits": splits, **totals, "dtype": dtype.name, "vocab_size": tokenizer.vocab_size}
-    (out_dir / STATS_JSON).write_text(json.dumps(stats, indent=2) + "\n")
-    result = {
-        **stats,
-        "wall_time_s": round(wall, 3),
-        "mb_per_s": round(totals["bytes"] / 1e6 / wall, 3) if wall > 0 else 0.0,
-        "tokens_per_s": round(totals["tokens"] / wall, 1) if wall > 0 else 0.0,
-    }
-    log(
-        f"[tokenize] {totals['documents']} documents -> {totals['tokens']} tokens "
-        f"({totals['bytes_per_token']} bytes/token) in {wall:.1f} s, {result['mb_per_s']} MB/s"
-    )
-    return result
-
-
-def _totals(rows) -> dict[str, Any]:
-    rows = list(rows)
-    out = {key: sum(r[key] for r in rows) for key in ("documents", "tokens", "bytes", "shards")}
-    text_tokens = out["tokens"] - out["documents"]
-    out["bytes_per_token"] = round(out["bytes"] / text_tokens, 4) if text_tokens else 0.0
-    return out
-
-
-def _encode_part(
-    path: Path,
-    tokenizer: Tokenizer,
-    writer: ShardWriter,
-    batch_docs: int,
-    eos: int,
-    dtype: np.dtype,
-    counts: dict[str, int],
-    bar,
-) -> None:
-    """Encode one parquet part batch by batch; the next batch encodes (in Rust, GIL released) while
-    this one is packed and written."""
-    try:
-        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_docs, columns=["text"])
-    except Exception as exc:
-        raise UserError(
-            f"documents part {path} cannot be read ({exc}); re-run `smelt curate --force`."
-        ) from exc
-
-    def encode(batch) -> tuple[list[list[int]], int, int]:
-        column = batch.column(0)
-        texts = [t or "" for t in column.to_pylist()]
-        size = pc.sum(pc.binary_length(column)).as_py() or 0
-        return tokenizer.encode_batch(texts), len(texts), size
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = None
-        for batch in batches:
-            following = pool.submit(encode, batch)
-            if pending is not None:
-                _write_encoded(pending.result(), writer, eos, dtype, counts, bar)
-            pending = following
-        if pending is not None:
-            _write_encoded(pending.result(), writer, eos, dtype, counts, bar)
-
-
-def _write_encoded(encoded_batch, writer: ShardWriter, eos: int, dtype: np.dtype, counts, bar) -> None:
-    encoded, documents, size = encoded_batch
-    lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
-    flat = np.empty(int(lengths.sum()), dtype=dtype)
-    flat[np.cumsum(lengths) - 1] = eos
-    position = 0
-    for ids, length in zip(encoded, lengths, strict=True):
-        flat[position : position + length - 1] = ids
-        position += length
-    writer.write_batch(flat, lengths)
-    counts["documents"] += documents
-    counts["tokens"] += int(lengths.sum())
-    counts["bytes"] += size
-    bar.update(documents)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,13 +218,35 @@ class Shard:
         return len(self.tokens)
 
 
+def _check_shard(shard: Shard, entry: dict[str, Any], verify: str) -> None:
+    if len(shard) != int(entry["tokens"]) or len(shard.offsets) != int(entry["documents"]):
+        raise UserError(
+            f"token shard {shard.bin_path} holds {len(shard)} tokens in {len(shard.offsets)} documents but "
+            f"{SHARDS_JSON} records {entry['tokens']} tokens in {entry['documents']}: it is corrupt; {FORCE_HINT}."
+        )
+    if verify == "checksum":
+        for path, key in ((shard.bin_path, "sha256"), (shard.idx_path, "idx_sha256")):
+            actual = sha256_file(path)
+            if actual != entry[key]:
+                raise UserError(
+                    f"token shard file {path} is corrupt: its sha256 {actual[:16]}… differs from the "
+                    f"{entry[key][:16]}… recorded in {SHARDS_JSON}; {FORCE_HINT}."
+                )
+
+
 class ShardSet:
     """The shards of `tokens_dir/<split>` (all sources, in sorted source order) or of one source.
 
     Presents them as one concatenated token stream: `read(start, length)`, `document_starts()`.
     """
 
-    def __init__(self, tokens_dir: str | Path, split: str, source: str | None = None):
+    def __init__(
+        self, tokens_dir: str | Path, split: str, source: str | None = None, verify: str = "checksum"
+    ):
+        """`verify`: "checksum" (default) checks every shard's sha256 against `shards.json`; "size" only
+        that every recorded shard is there with its recorded length; "none" trusts the files."""
+        if verify not in ("checksum", "size", "none"):
+            raise ValueError(f"verify={verify!r}: use 'checksum', 'size' or 'none'")
         self.tokens_dir = Path(tokens_dir)
         self.split = split
         self.source = source
@@ -310,11 +266,25 @@ class ShardSet:
             if not (split_dir / source).is_dir():
                 raise UserError(f"no token shards for source {source!r} in {split_dir}.")
             self.sources = [source]
+        recorded = self._recorded(split) if verify != "none" else None
+        if recorded is not None and source is None:
+            missing = sorted(set(recorded) - set(self.sources))
+            if missing:
+                raise UserError(
+                    f"token shards for source {missing[0]!r} of split {split!r} are missing from "
+                    f"{self.tokens_dir} (shards.json records them); {FORCE_HINT}."
+                )
         self.shards: list[Shard] = []
         self.shard_sources: list[str] = []
         for name in self.sources:
-            for bin_path in sorted((split_dir / name).glob("*.bin")):
-                self.shards.append(Shard(bin_path, self.dtype))
+            bins = sorted((split_dir / name).glob("*.bin"))
+            if recorded is not None:
+                self._check_listing(split_dir / name, bins, recorded.get(name))
+            for bin_path in bins:
+                shard = Shard(bin_path, self.dtype)
+                if recorded is not None:
+                    _check_shard(shard, recorded[name][bin_path.stem], verify)
+                self.shards.append(shard)
                 self.shard_sources.append(name)
         sizes = [len(s) for s in self.shards]
         self.starts = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).astype(np.int64)
@@ -324,6 +294,41 @@ class ShardSet:
 
     def __len__(self) -> int:
         return self.total_tokens
+
+    def _recorded(self, split: str) -> dict[str, dict[str, dict[str, Any]]] | None:
+        """shard name -> recorded entry, per source of `split`; None for shards written without a manifest."""
+        if not self.meta.get("checksummed"):
+            return None
+        path = self.tokens_dir / SHARDS_JSON
+        if not path.is_file():
+            raise UserError(
+                f"token shards at {self.tokens_dir} are incomplete: {SHARDS_JSON} is missing, so a "
+                f"`smelt tokenize` run did not finish. Run `smelt tokenize CONFIG` again (it resumes from the "
+                f"finished shards) or {FORCE_HINT}."
+            )
+        try:
+            manifest = json.loads(path.read_text())
+            sources = manifest["splits"].get(split, {})
+            return {name: {row["shard"]: row for row in entry["shards"]} for name, entry in sources.items()}
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise UserError(f"{path} is not a valid shard manifest ({exc}); {FORCE_HINT}.") from exc
+
+    @staticmethod
+    def _check_listing(directory: Path, bins: list[Path], recorded: dict[str, Any] | None) -> None:
+        recorded = recorded or {}
+        names = {b.stem for b in bins}
+        missing = sorted(set(recorded) - names)
+        if missing:
+            raise UserError(
+                f"token shard {directory / (missing[0] + '.bin')} is missing ({len(missing)} of "
+                f"{len(recorded)} recorded shards of this source are gone); {FORCE_HINT}."
+            )
+        extra = sorted(names - set(recorded))
+        if extra:
+            raise UserError(
+                f"token shard {directory / (extra[0] + '.bin')} is not recorded in {SHARDS_JSON}: it was added "
+                f"or left over by another run; remove it or {FORCE_HINT}."
+            )
 
     @property
     def num_documents(self) -> int:

@@ -275,10 +275,11 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
                 inputs = inputs.to(device, non_blocking=True)
                 targets = targets.to(device, non_blocking=True)
                 with precision.autocast():
-                    _, loss = forward(inputs, targets)
-                # Equal token counts per micro batch, so the mean of means is the batch mean.
-                loss = loss / plan.grad_accum
-                loss_sum += loss.detach()
+                    _, parts = forward(inputs, targets, loss_parts=True)
+                # Equal token counts per micro batch, so the mean of means is the batch mean. The logged
+                # loss is the cross-entropy; the optimized one adds the z-loss when model.z_loss > 0.
+                loss = parts["loss"] / plan.grad_accum
+                loss_sum += parts["ce"].detach() / plan.grad_accum
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             if scaler is not None:
                 scaler.unscale_(optimizer)

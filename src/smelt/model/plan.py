@@ -1,0 +1,72 @@
+"""`smelt plan model PRESET`: sizes, FLOPs and memory of a model shape, from the config alone."""
+
+from __future__ import annotations
+
+from smelt.config import ModelConfig
+from smelt.errors import UserError
+from smelt.model.flops import count_params, flops_per_token, resolved_d_ff
+from smelt.model.presets import MODEL_PRESETS
+
+DEFAULT_VOCAB = 32_768
+
+
+def preset_config(name: str, **overrides: object) -> ModelConfig:
+    """The ModelConfig of a named preset, with any keys overridden."""
+    if name not in MODEL_PRESETS:
+        raise UserError(f"unknown model preset {name!r}. Known presets: {', '.join(MODEL_PRESETS)}.")
+    return ModelConfig(preset=name, **{**MODEL_PRESETS[name], **overrides})
+
+
+def kv_cache_bytes_per_token(cfg: ModelConfig, bytes_per_value: int = 2) -> int:
+    """Keys and values of every layer for one token (bf16: 2 bytes per value)."""
+    head_dim = cfg.d_model // cfg.n_heads
+    return 2 * cfg.n_layers * (cfg.n_kv_heads or cfg.n_heads) * head_dim * bytes_per_value
+
+
+def _human(n: float, unit: str = "") -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {suffix}{unit}".rstrip()
+    return f"{n:g} {unit}".rstrip()
+
+
+def _bytes(n: float) -> str:
+    for scale, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if n >= scale:
+            return f"{n / scale:.2f} {suffix}"
+    return f"{int(n)} B"
+
+
+def describe_config(
+    cfg: ModelConfig, vocab_size: int = DEFAULT_VOCAB, seq_len: int | None = None
+) -> list[tuple[str, str]]:
+    """(label, value) rows: shape, parameters, FLOPs per token, KV cache and weight memory."""
+    seq = seq_len or cfg.max_seq_len
+    counts = count_params(cfg, vocab_size)
+    head_dim = cfg.d_model // cfg.n_heads
+    kv = cfg.n_kv_heads or cfg.n_heads
+    flops = flops_per_token(cfg, vocab_size, seq)
+    kv_bytes = kv_cache_bytes_per_token(cfg)
+    return [
+        (
+            "shape",
+            f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x {head_dim}, "
+            f"{kv} kv heads, d_ff {resolved_d_ff(cfg)}",
+        ),  # fmt: skip
+        ("vocabulary", f"{vocab_size:,} ({'tied' if cfg.tie_embeddings else 'untied'} head)"),
+        ("parameters (total)", f"{counts['total']:,} ({_human(counts['total'])})"),
+        ("parameters (non-embedding)", f"{counts['non_embedding']:,} ({_human(counts['non_embedding'])})"),
+        (f"training FLOPs per token (6N + 12 L d s, s = {seq})", f"{flops:.4g} ({_human(flops, 'FLOP')})"),
+        ("KV-cache bytes per token (bf16)", f"{kv_bytes:,} ({_bytes(kv_bytes)})"),
+        (f"KV cache at {seq} tokens (bf16, batch 1)", _bytes(kv_bytes * seq)),
+        ("weights (bf16)", _bytes(2 * counts["total"])),
+        ("weights (fp32)", _bytes(4 * counts["total"])),
+        ("weights + grads + AdamW states (fp32 master)", _bytes(16 * counts["total"])),
+    ]
+
+
+def describe_preset(
+    name: str, seq_len: int | None = None, vocab_size: int = DEFAULT_VOCAB
+) -> list[tuple[str, str]]:
+    """Rows for `smelt plan model PRESET`."""
+    return [("preset", name), *describe_config(preset_config(name), vocab_size, seq_len)]

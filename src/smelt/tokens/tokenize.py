@@ -1,0 +1,359 @@
+"""Documents -> token shards, in parallel, streaming and resumable per shard.
+
+The main process reads each source's parquet parts batch by batch (never the whole corpus) and hands
+the text batches to a pool of encoding processes (each encodes a batch with the Rust batch encoder and
+returns one packed token array); results come back in submission order and are packed into shards by
+one `ShardWriter` per source, so the output is byte-identical whatever the number of workers or the
+batch size. At most a few batches per worker are in flight.
+
+Resume: every finished shard has a `.done` marker with its checksums and the key of the settings
+(tokenizer hash, shard size, BOS, dtype, input parts). A rerun keeps the leading shards whose markers
+match and whose files check out, skips the documents they hold, and rewrites the rest. A tokens
+directory written with another tokenizer is refused (the tokenizer hash is recorded in `meta.json`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from smelt.config import TokensConfig
+from smelt.documents import open_part
+from smelt.errors import UserError
+from smelt.progress import log, progress
+from smelt.tokenizer.load import Tokenizer
+from smelt.tokens.shards import (
+    DONE_SUFFIX,
+    FORCE_HINT,
+    META_JSON,
+    SHARDS_JSON,
+    STATS_JSON,
+    ShardWriter,
+    sha256_file,
+    shard_name,
+    token_dtype,
+    write_json_atomic,
+)
+
+FORMAT_VERSION = 2
+
+# ---------------------------------------------------------------------------------------------
+# Encoding (runs in the worker processes, or in this one when there is a single worker)
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_dir: str, threads: int) -> None:
+    # one Rust thread per process: the pool provides the parallelism
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
+    _WORKER["tokenizer"] = Tokenizer.load(tokenizer_dir)
+
+
+def encode_packed(
+    tokenizer: Tokenizer, texts: list[str], eos: int, bos: int | None, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """Encode texts and pack them: one flat array of [BOS] tokens EOS per document, and the lengths."""
+    encoded = tokenizer.encode_batch(texts)
+    extra = 2 if bos is not None else 1
+    lengths = np.fromiter((len(ids) + extra for ids in encoded), dtype=np.int64, count=len(encoded))
+    ends = np.cumsum(lengths)
+    flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
+    flat[ends - 1] = eos
+    if bos is not None:
+        flat[ends - lengths] = bos
+    position = 1 if bos is not None else 0
+    for ids, length in zip(encoded, lengths.tolist(), strict=True):
+        flat[position : position + len(ids)] = ids
+        position += length
+    return flat, lengths
+
+
+def _encode_in_worker(
+    texts: pa.Array, eos: int, bos: int | None, dtype: str
+) -> tuple[np.ndarray, np.ndarray]:
+    strings = [t or "" for t in texts.to_pylist()]
+    return encode_packed(_WORKER["tokenizer"], strings, eos, bos, np.dtype(dtype))
+
+
+class _Inline(Executor):
+    """The single-worker path: encode in this process (the Rust encoder still uses its own threads)."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        _WORKER["tokenizer"] = tokenizer
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+# ---------------------------------------------------------------------------------------------
+# Orchestration
+
+
+def _splits(documents_dir: Path) -> list[str]:
+    return sorted(p.name for p in documents_dir.iterdir() if p.is_dir() and list(p.glob("*/part-*.parquet")))
+
+
+def resolve_workers(cfg: TokensConfig, batches: int) -> int:
+    wanted = cfg.workers or os.cpu_count() or 1
+    return max(1, min(wanted, batches))
+
+
+def _check_meta(out_dir: Path, meta: dict[str, Any], tokenizer_dir: Path) -> None:
+    """Refuse to add to a tokens directory written with another tokenizer."""
+    path = out_dir / META_JSON
+    if not path.is_file():
+        return
+    try:
+        old = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return  # unreadable: rewritten below, and no shard marker will match
+    recorded = old.get("tokenizer_hash")
+    if recorded and recorded != meta["tokenizer_hash"]:
+        raise UserError(
+            f"the token shards in {out_dir} were made with another tokenizer (hash {recorded[:12]}…) than "
+            f"the one at {tokenizer_dir} (hash {meta['tokenizer_hash'][:12]}…); mixing them would corrupt the "
+            f"data. Point the run at the tokenizer the shards were made with, or {FORCE_HINT} to tokenize "
+            f"everything again with this one."
+        )
+
+
+def _source_key(
+    meta: dict[str, Any], cfg: TokensConfig, files: list[Path], parts: list[pq.ParquetFile]
+) -> str:
+    """What a finished shard of this source depends on: tokenizer, settings, and the input parts."""
+    inputs = [[p.name, p.stat().st_size, f.metadata.num_rows] for p, f in zip(files, parts, strict=True)]
+    settings = {
+        "format": FORMAT_VERSION,
+        "tokenizer_hash": meta["tokenizer_hash"],
+        "dtype": meta["dtype"],
+        "shard_tokens": cfg.shard_tokens,
+        "bos": cfg.bos,
+        "inputs": inputs,
+    }
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def _finished_shards(directory: Path, key: str, itemsize: int) -> list[dict[str, Any]]:
+    """The leading shards of an earlier run that can be kept: marker matches the key and the files check out."""
+    kept: list[dict[str, Any]] = []
+    documents = 0
+    while True:
+        name = shard_name(len(kept))
+        marker_path = directory / f"{name}{DONE_SUFFIX}"
+        bin_path, idx_path = directory / f"{name}.bin", directory / f"{name}.idx"
+        if not (marker_path.is_file() and bin_path.is_file() and idx_path.is_file()):
+            return kept
+        try:
+            marker = json.loads(marker_path.read_text())
+        except json.JSONDecodeError:
+            return kept
+        if (
+            marker.get("key") != key
+            or marker.get("first_document") != documents
+            or bin_path.stat().st_size != marker["tokens"] * itemsize
+            or idx_path.stat().st_size != marker["documents"] * 8
+            or sha256_file(bin_path) != marker["sha256"]
+            or sha256_file(idx_path) != marker["idx_sha256"]
+        ):
+            return kept
+        kept.append(marker)
+        documents += marker["documents"]
+
+
+def _batches(
+    files: list[Path], parts: list[pq.ParquetFile], skip: int, batch_docs: int
+) -> Iterator[tuple[pa.Array, np.ndarray]]:
+    """Text batches of a source after its first `skip` documents, with each document's UTF-8 size."""
+    for path, part in zip(files, parts, strict=True):
+        rows = part.metadata.num_rows
+        if skip >= rows:
+            skip -= rows
+            continue
+        try:
+            for batch in part.iter_batches(batch_size=batch_docs, columns=["text"]):
+                column = batch.column(0)
+                if skip:
+                    if skip >= len(column):
+                        skip -= len(column)
+                        continue
+                    column = column.slice(skip)
+                    skip = 0
+                sizes = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
+                yield column, sizes.astype(np.int64)
+        except UserError:
+            raise
+        except Exception as exc:
+            raise UserError(
+                f"documents part {path} cannot be read ({exc}); re-run `smelt curate --force`."
+            ) from exc
+
+
+def tokenize(
+    cfg: TokensConfig, documents_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int | None = None
+) -> dict[str, Any]:
+    """Encode every split/source of documents into out_dir/<split>/<source>/NNNNN.bin + NNNNN.idx.
+
+    Writes out_dir/meta.json (first), then the shards with their `.done` markers, then
+    out_dir/shards.json (every shard's checksums and counts) and out_dir/stats.json; returns the stats
+    (with throughput figures). Per source: documents, tokens (the stream, EOS/BOS included), bytes (UTF-8
+    of the text), bytes_per_token (bytes over text tokens), shards. `workers` overrides `cfg.workers`.
+    """
+    started = time.time()
+    documents_dir, out_dir, tokenizer_dir = Path(documents_dir), Path(out_dir), Path(tokenizer_dir)
+    tokenizer = Tokenizer.load(tokenizer_dir)
+    if not documents_dir.is_dir() or not _splits(documents_dir):
+        raise UserError(
+            f"no documents to tokenize: {documents_dir} has no <split>/<source>/part-*.parquet files. "
+            f"Run `smelt curate CONFIG` first."
+        )
+    dtype = token_dtype(tokenizer.vocab_size)
+    eos = tokenizer.eos_id
+    bos = tokenizer.bos_id if cfg.bos else None
+    meta = {
+        "dtype": dtype.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": eos,
+        "bos_id": tokenizer.bos_id,
+        "pad_id": tokenizer.pad_id,
+        "bos": cfg.bos,
+        "tokenizer_hash": tokenizer.hash,
+        "checksummed": True,
+    }
+    _check_meta(out_dir, meta, tokenizer_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / SHARDS_JSON).unlink(missing_ok=True)  # rewritten when every shard is done
+    write_json_atomic(out_dir / META_JSON, meta)
+
+    layout: dict[str, dict[str, list[Path]]] = {}
+    for split in _splits(documents_dir):
+        for path in sorted((documents_dir / split).glob("*/part-*.parquet")):
+            layout.setdefault(split, {}).setdefault(path.parent.name, []).append(path)
+    opened = {
+        path: open_part(path) for sources in layout.values() for files in sources.values() for path in files
+    }
+    total_docs = sum(f.metadata.num_rows for f in opened.values())
+    n_workers = workers if workers is not None else resolve_workers(cfg, -(-total_docs // cfg.batch_docs))
+    n_workers = max(1, n_workers)
+    if n_workers > 1:
+        pool: Executor = ProcessPoolExecutor(
+            n_workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_worker,
+            initargs=(str(tokenizer_dir), 1),
+        )
+    else:
+        pool = _Inline(tokenizer)
+
+    manifest: dict[str, Any] = {"tokenizer_hash": tokenizer.hash, "dtype": dtype.name, "splits": {}}
+    splits: dict[str, Any] = {}
+    resumed = 0
+    bar = progress(total=total_docs, desc="tokenize", unit="doc", unit_scale=True)
+    try:
+        for split, sources in layout.items():
+            split_stats: dict[str, Any] = {}
+            for source, files in sources.items():
+                parts = [opened[p] for p in files]
+                directory = out_dir / split / source
+                key = _source_key(meta, cfg, files, parts)
+                kept = _finished_shards(directory, key, dtype.itemsize) if directory.is_dir() else []
+                skip = sum(m["documents"] for m in kept)
+                resumed += len(kept)
+                bar.update(skip)
+                writer = ShardWriter(directory, dtype, cfg.shard_tokens, len(kept), skip, key)
+                _encode_source(
+                    pool,
+                    n_workers,
+                    _batches(files, parts, skip, cfg.batch_docs),
+                    writer,
+                    eos,
+                    bos,
+                    dtype,
+                    bar,
+                )
+                writer.close()
+                markers = kept + writer.markers
+                counts = {k: sum(m[k] for m in markers) for k in ("documents", "tokens", "bytes")}
+                overhead = counts["documents"] * (2 if cfg.bos else 1)
+                text_tokens = counts["tokens"] - overhead
+                split_stats[source] = {
+                    **counts,
+                    "bytes_per_token": round(counts["bytes"] / text_tokens, 4) if text_tokens > 0 else 0.0,
+                    "shards": len(markers),
+                }
+                manifest["splits"].setdefault(split, {})[source] = {
+                    **counts,
+                    "shards": [{k: m[k] for k in m if k != "key"} for m in markers],
+                }
+            splits[split] = {"sources": split_stats, **_totals(split_stats.values(), cfg.bos)}
+    finally:
+        bar.close()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+    wall = time.time() - started
+    totals = _totals(splits.values(), cfg.bos)
+    stats = {
+        "splits": splits,
+        **totals,
+        "dtype": dtype.name,
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer_hash": tokenizer.hash,
+    }
+    write_json_atomic(out_dir / SHARDS_JSON, manifest)
+    (out_dir / STATS_JSON).write_text(json.dumps(stats, indent=2) + "\n")
+    result = {
+        **stats,
+        "workers": n_workers,
+        "resumed_shards": resumed,
+        "wall_time_s": round(wall, 3),
+        "mb_per_s": round(totals["bytes"] / 1e6 / wall, 3) if wall > 0 else 0.0,
+        "tokens_per_s": round(totals["tokens"] / wall, 1) if wall > 0 else 0.0,
+    }
+    log(
+        f"[tokenize] {totals['documents']} documents -> {totals['tokens']} tokens "
+        f"({totals['bytes_per_token']} bytes/token) in {wall:.1f} s, {result['mb_per_s']} MB/s, "
+        f"{n_workers} worker(s)" + (f", {resumed} shard(s) kept from an earlier run" if resumed else "")
+    )
+    return result
+
+
+def _encode_source(pool: Executor, workers: int, batches, writer: ShardWriter, eos, bos, dtype, bar) -> None:
+    """Submit batches to the pool with a bounded window; write results in submission order."""
+    window: deque[tuple[Future, np.ndarray]] = deque()
+    limit = 2 * workers + 1
+    for column, sizes in batches:
+        window.append((pool.submit(_encode_in_worker, column, eos, bos, dtype.name), sizes))
+        while len(window) >= limit:
+            _write(window.popleft(), writer, bar)
+    while window:
+        _write(window.popleft(), writer, bar)
+
+
+def _write(item: tuple[Future, np.ndarray], writer: ShardWriter, bar) -> None:
+    future, sizes = item
+    flat, lengths = future.result()
+    writer.write_batch(flat, lengths, sizes)
+    bar.update(len(lengths))
+
+
+def _totals(rows, bos: bool = False) -> dict[str, Any]:
+    rows = list(rows)
+    out = {key: sum(r[key] for r in rows) for key in ("documents", "tokens", "bytes", "shards")}
+    text_tokens = out["tokens"] - out["documents"] * (2 if bos else 1)
+    out["bytes_per_token"] = round(out["bytes"] / text_tokens, 4) if text_tokens > 0 else 0.0
+    return out

@@ -1,0 +1,43 @@
+"""`smelt inspect shards`: a decoded window with document boundaries, and token frequencies."""
+
+from __future__ import annotations
+
+import pytest
+
+from smelt.config import TokensConfig
+from smelt.errors import UserError
+from smelt.tokenizer.load import Tokenizer
+from smelt.tokens.inspect import describe_window, token_frequencies
+from smelt.tokens.shards import ShardSet, tokenize
+
+from .conftest import TEXTS
+
+
+def test_describe_window_marks_documents(tmp_path, documents, tokenizer_dir):
+    out = tmp_path / "tokens"
+    tokenize(TokensConfig(), documents, tokenizer_dir, out)
+    shards = ShardSet(out, "val", "web")
+    starts = shards.document_starts()
+    # from the middle of document 0 to the middle of document 2
+    text = describe_window(out, "val", "web", 0, int(starts[0]) + 3, int(starts[2]) + 2, tokenizer_dir)
+    assert "documents 0..2" in text
+    assert "(document 0 began at offset 0)" in text
+    assert (
+        f"document 1 (shard offset {starts[1]})" in text and f"document 2 (shard offset {starts[2]})" in text
+    )
+    assert TEXTS[1] + "<|eos|>" in text  # a whole document is decoded as it was written
+    assert "window: " in text and "shard 00000: " in text and "<|eos|>" in text.split("window: ")[1]
+    with pytest.raises(UserError, match="no shard 00007 for val/web"):
+        describe_window(out, "val", "web", 7, 0, 10, tokenizer_dir)
+    with pytest.raises(UserError, match="outside shard 00000"):
+        describe_window(out, "val", "web", 0, 10**6, 10, tokenizer_dir)
+
+
+def test_token_frequencies(tokenizer_dir):
+    tok = Tokenizer.load(tokenizer_dir)
+    ids = tok.encode("aaa aaa aaa b") + [tok.eos_id]
+    import numpy as np
+
+    freq = token_frequencies(np.asarray(ids, dtype=np.uint16), tok, top=3)
+    assert freq["tokens"] == len(ids) and freq["special_share"] == pytest.approx(1 / len(ids), abs=1e-4)
+    assert freq["top"][0]["count"] >= 3 and freq["distinct"] == len(set(ids))
