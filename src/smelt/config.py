@@ -127,7 +127,7 @@ class ModelConfig:
     head_init_std: float = _opt(
         0.0,
         range=(0.0, 1.0),
-        help="LM head init std, also the tied embedding's (0: min(init_std, 1/d_model))",
+        help="LM head init std, also the tied embedding's (0: tied min(init_std, 0.32/sqrt(d)), untied min(init_std, 1/d))",
     )
     activation_checkpointing: bool = _opt(False, help="recompute each block in the backward pass")
 
