@@ -26,3 +26,22 @@ def write_documents(root: Path, split: str, source: str, texts: list[str], part:
     path = directory / f"part-{part:05d}.parquet"
     pq.write_table(table, path)
     return path
+
+
+def tiny_model_config(**overrides):
+    """A 2-layer, d=64 GQA model config for fast model tests; keys override."""
+    from smelt.config import ModelConfig
+
+    base = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def build_model(cfg, vocab: int = 384, seed: int = 0):
+    """A freshly initialized Transformer under a fixed seed (384 = 256 bytes + specials, padded)."""
+    import torch
+
+    from smelt.model.transformer import Transformer
+
+    torch.manual_seed(seed)
+    return Transformer(cfg, vocab)

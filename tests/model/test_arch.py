@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from helpers import build_model, tiny_model_config
 from smelt.config import ModelConfig
 from smelt.model.transformer import (
     Transformer,
@@ -21,19 +22,12 @@ from smelt.model.transformer import (
 VOCAB = 384
 
 
-def tiny(**overrides) -> ModelConfig:
-    base = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64)
-    base.update(overrides)
-    return ModelConfig(**base)
-
-
 def build(cfg: ModelConfig, vocab: int = VOCAB, seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(cfg, vocab).eval()
+    return build_model(cfg, vocab, seed).eval()
 
 
 def test_partial_rope_rotates_only_the_first_dims():
-    cfg = tiny(rope_fraction=0.5)
+    cfg = tiny_model_config(rope_fraction=0.5)
     assert rotary_dim(cfg) == 8  # head dim 16
     table = rope_table(8, 16, 10_000.0)
     x = torch.randn(1, 2, 16, 16)
@@ -48,19 +42,19 @@ def test_partial_rope_rotates_only_the_first_dims():
 
 
 def test_nope_every_kth_layer():
-    cfg = tiny(n_layers=4, nope_every=2)
+    cfg = tiny_model_config(n_layers=4, nope_every=2)
     assert [uses_rope(cfg, i) for i in range(4)] == [True, False, True, False]
-    assert [uses_rope(tiny(rope_fraction=0.0), i) for i in range(2)] == [False, False]
+    assert [uses_rope(tiny_model_config(rope_fraction=0.0), i) for i in range(2)] == [False, False]
     # One attention layer without RoPE is blind to key order: the last position's logits do not
     # depend on the order of the earlier tokens (with RoPE they do).
-    model = build(tiny(rope_fraction=0.0, n_layers=1))
+    model = build(tiny_model_config(rope_fraction=0.0, n_layers=1))
     x = torch.randint(0, VOCAB, (1, 12))
     perm = torch.cat((torch.randperm(11), torch.tensor([11])))
     a, _ = model(x)
     b, _ = model(x[:, perm])
     torch.testing.assert_close(a[0, -1], b[0, -1], atol=1e-5, rtol=1e-5)
-    with_rope, _ = build(tiny(n_layers=1))(x)
-    with_rope_perm, _ = build(tiny(n_layers=1))(x[:, perm])
+    with_rope, _ = build(tiny_model_config(n_layers=1))(x)
+    with_rope_perm, _ = build(tiny_model_config(n_layers=1))(x[:, perm])
     assert not torch.allclose(with_rope[0, -1], with_rope_perm[0, -1], atol=1e-4)
 
 
@@ -68,8 +62,8 @@ def test_z_loss_added_to_training_loss_but_ce_is_reported():
     x = torch.randint(0, VOCAB, (2, 16))
     y = torch.randint(0, VOCAB, (2, 16))
     y[0, :4] = -100
-    plain = build(tiny())
-    zl = build(tiny(z_loss=1e-4))
+    plain = build(tiny_model_config())
+    zl = build(tiny_model_config(z_loss=1e-4))
     logits, ce = plain(x, y)
     _, parts = zl(x, y, loss_parts=True)
     _, total = zl(x, y)
@@ -98,7 +92,7 @@ def test_doc_and_position_ids_from_tokens():
 
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_no_attention_across_document_boundaries(qk_norm):
-    model = build(tiny(qk_norm=qk_norm, n_layers=3))
+    model = build(tiny_model_config(qk_norm=qk_norm, n_layers=3))
     gen = torch.Generator().manual_seed(3)
     x = torch.randint(2, VOCAB, (2, 24), generator=gen)
     doc = torch.zeros(2, 24, dtype=torch.long)
@@ -123,7 +117,7 @@ def test_no_attention_across_document_boundaries(qk_norm):
 
 
 def test_position_ids_default_equals_arange():
-    model = build(tiny())
+    model = build(tiny_model_config())
     x = torch.randint(0, VOCAB, (2, 16))
     a, _ = model(x)
     b, _ = model(x, position_ids=torch.arange(16).expand(2, 16), doc_ids=torch.zeros(2, 16, dtype=torch.long))
@@ -152,7 +146,7 @@ def test_step0_loss_is_ln_v_at_every_width(d_model, tie):
 
 
 def test_init_is_truncated_at_three_sigma():
-    model = build(tiny(d_model=128, n_layers=8))
+    model = build(tiny_model_config(d_model=128, n_layers=8))
     w = model.blocks[0].mlp.up.weight
     assert w.abs().max().item() <= 3 * 0.02 + 1e-6
     down = model.blocks[0].mlp.down.weight

@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from helpers import build_model, tiny_model_config
 from smelt.config import ModelConfig
 from smelt.model.flops import count_params, flops_per_token, resolved_d_ff
 from smelt.model.generate import generate
@@ -11,19 +12,12 @@ from smelt.model.transformer import Transformer
 VOCAB = 384  # 256 byte tokens + specials, padded to a multiple of 128
 
 
-def tiny(**overrides) -> ModelConfig:
-    base = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, max_seq_len=64)
-    base.update(overrides)
-    return ModelConfig(**base)
-
-
 def build(cfg: ModelConfig, vocab: int = VOCAB, seed: int = 0) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(cfg, vocab)
+    return build_model(cfg, vocab, seed)
 
 
 def test_step0_loss_is_ln_vocab():
-    model = build(tiny(d_model=128, n_layers=4))
+    model = build(tiny_model_config(d_model=128, n_layers=4))
     gen = torch.Generator().manual_seed(1)
     x = torch.randint(0, VOCAB, (8, 64), generator=gen)
     y = torch.randint(0, VOCAB, (8, 64), generator=gen)
@@ -32,7 +26,7 @@ def test_step0_loss_is_ln_vocab():
 
 
 def test_causal():
-    model = build(tiny())
+    model = build(tiny_model_config())
     x = torch.randint(0, VOCAB, (2, 32))
     x2 = x.clone()
     x2[:, 20] = (x2[:, 20] + 1) % VOCAB
@@ -44,7 +38,7 @@ def test_causal():
 
 @pytest.mark.parametrize("n_kv_heads", [0, 1, 2, 4])
 def test_gqa_shapes(n_kv_heads):
-    cfg = tiny(n_kv_heads=n_kv_heads, qk_norm=True)
+    cfg = tiny_model_config(n_kv_heads=n_kv_heads, qk_norm=True)
     model = build(cfg)
     attn = model.blocks[0].attn
     kv = n_kv_heads or cfg.n_heads
@@ -58,7 +52,7 @@ def test_gqa_shapes(n_kv_heads):
 @pytest.mark.parametrize("tie", [True, False])
 @pytest.mark.parametrize("qk_norm", [True, False])
 def test_param_count_matches_module(tie, qk_norm):
-    cfg = tiny(tie_embeddings=tie, qk_norm=qk_norm, d_ff=0)
+    cfg = tiny_model_config(tie_embeddings=tie, qk_norm=qk_norm, d_ff=0)
     model = build(cfg)
     real = sum(p.numel() for p in model.parameters())  # shared parameters are counted once
     counts = count_params(cfg, VOCAB)
@@ -69,16 +63,16 @@ def test_param_count_matches_module(tie, qk_norm):
 
 
 def test_tied_and_untied():
-    tied = build(tiny(tie_embeddings=True))
+    tied = build(tiny_model_config(tie_embeddings=True))
     assert tied.lm_head.weight is tied.tok_emb.weight
-    untied = build(tiny(tie_embeddings=False))
+    untied = build(tiny_model_config(tie_embeddings=False))
     assert untied.lm_head.weight is not untied.tok_emb.weight
     # Default head std (see resolved_head_init_std): untied min(init_std, 1/d), tied min(init_std,
     # 0.32/sqrt(d)) = 0.02 at d = 64; an untied embedding keeps init_std.
     assert abs(untied.lm_head.weight.std().item() - 1 / 64) < 0.002
     assert abs(untied.tok_emb.weight.std().item() - 0.02) < 0.002
     assert abs(tied.tok_emb.weight.std().item() - 0.02) < 0.002
-    custom = build(tiny(tie_embeddings=False, head_init_std=0.01))
+    custom = build(tiny_model_config(tie_embeddings=False, head_init_std=0.01))
     assert abs(custom.lm_head.weight.std().item() - 0.01) < 0.0015
     assert custom.lm_head.weight.abs().max().item() <= 0.03 + 1e-6  # truncated at 3 sigma
 
@@ -91,14 +85,14 @@ def test_resolved_d_ff():
 
 
 def test_residual_projection_init_scaled():
-    model = build(tiny(d_model=128, n_layers=8))
+    model = build(tiny_model_config(d_model=128, n_layers=8))
     std = model.blocks[0].mlp.down.weight.std().item()
     assert abs(std - 0.02 / math.sqrt(16)) < 0.001
     assert abs(model.blocks[0].mlp.up.weight.std().item() - 0.02) < 0.002
 
 
 def test_per_token_loss_matches_mean():
-    model = build(tiny())
+    model = build(tiny_model_config())
     x = torch.randint(0, VOCAB, (2, 16))
     y = torch.randint(0, VOCAB, (2, 16))
     y[1, 8:] = -100
@@ -109,7 +103,7 @@ def test_per_token_loss_matches_mean():
 
 
 def test_overfits_tiny_batch():
-    model = build(tiny())
+    model = build(tiny_model_config())
     torch.manual_seed(0)
     x = torch.randint(0, VOCAB, (4, 32))
     y = torch.roll(x, -1, dims=1)
@@ -125,7 +119,7 @@ def test_overfits_tiny_batch():
 
 
 def test_bf16_autocast_forward_close_to_fp32():
-    model = build(tiny())
+    model = build(tiny_model_config())
     x = torch.randint(0, VOCAB, (2, 16))
     _, ref = model(x, x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -135,7 +129,7 @@ def test_bf16_autocast_forward_close_to_fp32():
 
 
 def test_generate_deterministic_under_seed():
-    model = build(tiny())
+    model = build(tiny_model_config())
     a = generate(model, [1, 2, 3], 20, temperature=1.0, top_k=10, seed=7)
     b = generate(model, [1, 2, 3], 20, temperature=1.0, top_k=10, seed=7)
     c = generate(model, [1, 2, 3], 20, temperature=1.0, top_k=10, seed=8)
@@ -144,7 +138,7 @@ def test_generate_deterministic_under_seed():
 
 
 def test_generate_greedy_cache_matches_recompute():
-    model = build(tiny(max_seq_len=24))
+    model = build(tiny_model_config(max_seq_len=24))
     prompt = list(range(5, 15))
     # 30 new tokens run past max_seq_len, exercising the cropped (no longer cached) path too.
     cached = generate(model, prompt, 30, temperature=0.0, use_cache=True)
@@ -153,7 +147,7 @@ def test_generate_greedy_cache_matches_recompute():
 
 
 def test_generate_stops_at_eos():
-    model = build(tiny())
+    model = build(tiny_model_config())
     greedy = generate(model, [3], 10, temperature=0.0)[1:]
     out = generate(model, [3], 10, temperature=0.0, eos_id=greedy[2])
     assert out == [3] + greedy[: greedy.index(greedy[2]) + 1]
