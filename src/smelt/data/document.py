@@ -50,6 +50,7 @@ class Ledger:
     records_in: Counter = field(default_factory=Counter)  # source -> records seen by the readers
     files: Counter = field(default_factory=Counter)  # (source, "ok"|"empty"|"unreadable") -> files
     n_quarantined: int = 0
+    step: str = ""  # the step now running; DocStep.run sets it, so drop entries name their step
 
     def quarantine(
         self, source: str, id: str, file: str, line: int | None, reason: str, detail: str = "", **extra: Any
@@ -69,10 +70,12 @@ class Ledger:
         self.entries.append(entry)
         self.n_quarantined += 1
 
-    def drop(self, doc: Doc, reason: str, **extra: Any) -> None:
-        """A readable document removed by a filter or by dedup; a preview, never the full text."""
+    def drop(self, doc: Doc, reason: str, step: str = "", **extra: Any) -> None:
+        """A readable document removed by a filter or by dedup; a preview, never the full text.
+        `step` defaults to the step now running (`self.step`)."""
         entry = {
             "kind": DROPPED,
+            "step": step or self.step,
             "id": doc.id,
             "source": doc.source,
             "file": doc.file,

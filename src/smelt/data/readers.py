@@ -38,11 +38,19 @@ class ReadSpec:
     text_field: str = "text"
     id_field: str = ""
     url_field: str = ""
+    extractor: str = "trafilatura"
 
     @classmethod
     def of(cls, source: SourceConfig, index: int, root: Path) -> ReadSpec:
         return cls(
-            source.name, index, source.format, str(root), source.text_field, source.id_field, source.url_field
+            source.name,
+            index,
+            source.format,
+            str(root),
+            source.text_field,
+            source.id_field,
+            source.url_field,
+            source.extractor,
         )
 
 
@@ -59,7 +67,7 @@ def check_readable(spec: ReadSpec, files: list[Path]) -> None:
 
 def read_file(spec: ReadSpec, path: Path, ledger: Ledger) -> Iterator[Doc]:
     rel = path.relative_to(spec.root).as_posix()
-    reader = {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}[spec.format]
+    reader = _reader(spec.format)
     state = {"records": 0, "visible": False}
     mark = ledger.n_quarantined
     for doc in reader(spec, path, rel, ledger, state):
@@ -73,6 +81,14 @@ def read_file(spec: ReadSpec, path: Path, ledger: Ledger) -> Iterator[Doc]:
     else:
         status = "unreadable"
     ledger.files[(spec.name, status)] += 1
+
+
+def _reader(fmt: str):
+    if fmt in ("html", "warc"):
+        from smelt.data import web
+
+        return web.read_html if fmt == "html" else web.read_warc
+    return {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}[fmt]
 
 
 def _read_text(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict) -> Iterator[Doc]:

@@ -29,6 +29,7 @@ class DocStep:
 
     def run(self, docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
         for doc in docs:
+            ledger.step = self.name
             out = self.apply(doc, ledger)
             if out is not None:
                 yield out

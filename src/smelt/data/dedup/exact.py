@@ -26,7 +26,7 @@ class ExactDedup(CorpusStep):
             digest = text_digest(doc.text)
             kept = seen.get(digest)
             if kept is not None:
-                ledger.drop(doc, "exact_duplicate", kept_source=kept[0], kept_id=kept[1])
+                ledger.drop(doc, "exact_duplicate", step=self.name, kept_source=kept[0], kept_id=kept[1])
                 continue
             seen[digest] = (doc.source, doc.id)
             doc.meta["text_hash"] = digest.hex()
