@@ -20,15 +20,25 @@ from smelt.data.document import Doc, Ledger
 
 
 class DocStep:
-    """A per-document step: return the (possibly changed) document, or None after `ledger.drop`."""
+    """A per-document step: return the (possibly changed) document, or None after `ledger.drop`.
+
+    `sources`: the source names the step applies to (None: all); documents of other sources pass
+    through unchanged (and are still counted in and out). Steps that the config can switch on build
+    themselves with a `from_config(cfg: DataConfig)` classmethod that returns None when no source
+    uses them."""
 
     name = "doc_step"
+    sources: frozenset[str] | None = None
 
     def apply(self, doc: Doc, ledger: Ledger) -> Doc | None:
         raise NotImplementedError
 
     def run(self, docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
+        sources = self.sources
         for doc in docs:
+            if sources is not None and doc.source not in sources:
+                yield doc
+                continue
             ledger.step = self.name
             out = self.apply(doc, ledger)
             if out is not None:
