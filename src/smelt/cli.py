@@ -131,6 +131,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", type=int, default=0)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--length", type=int, default=256)
+    p = looks.add_parser(
+        "documents",
+        help="read kept, dropped or quarantined documents with reasons and scores",
+        description="Print documents of a curate run: --dropped-by STEP (what a step removed, with "
+        "the rule and scores), --quarantined (unreadable records and why), or --kept (a seeded "
+        "sample of kept documents with their meta).",
+    )
+    p.add_argument("documents", help="documents directory or run directory, e.g. runs/quickstart")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--dropped-by", metavar="STEP", help="documents a step dropped")
+    what.add_argument("--quarantined", action="store_true", help="quarantined records")
+    what.add_argument("--kept", action="store_true", help="a random sample of kept documents")
+    p.add_argument("--reason", default=None, help="only this drop or quarantine reason")
+    p.add_argument("--source", default=None, help="only this source")
+    p.add_argument("--split", default=None, help="--kept: only this split")
+    p.add_argument("-n", type=int, default=20, help="how many documents (default: 20)")
+    p.add_argument("--chars", type=int, default=2000, help="characters of text shown per document")
+    p.add_argument("--seed", type=int, default=0, help="--kept: sample seed")
 
     plan = sub.add_parser(
         "plan", help="sizes, FLOPs and memory before spending compute", description="Planning commands."
@@ -187,6 +205,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     command = args.command
     if command == "export":
         return _export_hf(args)
+    if command == "inspect" and args.inspect_command == "documents":
+        return _inspect_documents(args)
     if command == "inspect":
         from smelt.tokens.inspect import describe_window
 
@@ -224,6 +244,24 @@ def _dispatch(args: argparse.Namespace) -> int:
     outcome = run_stage(cfg, stage, force=args.force)
     _print_table([(k, v) for k, v in _flat(outcome.result).items()][:40])
     print(f"\n{stage}: {'up to date' if outcome.skipped else 'done'} -> {outcome.directory}")
+    return 0
+
+
+def _inspect_documents(args: argparse.Namespace) -> int:
+    from smelt.data import inspect
+
+    path = Path(args.documents)
+    if args.kept:
+        text = inspect.kept(path, args.source, args.split, args.n, args.chars, args.seed)
+    elif args.quarantined:
+        text = inspect.dropped_or_quarantined(
+            path, inspect.QUARANTINED, None, args.reason, args.source, args.n, args.chars
+        )
+    else:
+        text = inspect.dropped_or_quarantined(
+            path, inspect.DROPPED, args.dropped_by, args.reason, args.source, args.n, args.chars
+        )
+    print(text)
     return 0
 
 

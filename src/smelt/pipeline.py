@@ -31,7 +31,7 @@ STAGE_DIRS = {
 }
 # Stages that pick up an interrupted run where it stopped (per-shard completion markers) instead of
 # starting over; a finished stage whose config or inputs changed always starts from an empty directory.
-RESUMABLE_STAGES = ("tokenize",)
+RESUMABLE_STAGES = ("curate", "tokenize")
 # Which config sections decide each stage's output (its cache key, with its inputs).
 STAGE_SECTIONS = {
     "curate": ("data",),

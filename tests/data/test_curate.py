@@ -4,7 +4,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from smelt.data.curate import build_steps, curate
-from smelt.data.split import assign_split
+from smelt.data.split import assign_split, split_hash
 
 
 def corpus(tmp_path, write):
@@ -78,7 +78,11 @@ def test_curate_end_to_end(tmp_path, write, source, config):
         "exact_dedup",
         "split",
     ]
-    assert stats["steps"][0] == {"step": "read", "in": 13, "out": 9}
+    read = stats["steps"][0]
+    assert (read["step"], read["in"], read["out"], read["chars_in"]) == ("read", 13, 9, None)
+    assert read["sources"]["web"]["out"] == 2 and read["sources"]["prose"]["in"] == 7
+    norm = stats["steps"][1]
+    assert norm["chars_in"] == read["chars_out"] and norm["chars_out"] < norm["chars_in"]
     for before, after in zip(stats["steps"], stats["steps"][1:], strict=False):
         assert after["in"] == before["out"]
     assert stats["steps"][-1]["out"] == stats["documents_kept"]
@@ -102,7 +106,8 @@ def test_curate_end_to_end(tmp_path, write, source, config):
     dup = next(e for e in log if e["reason"] == "exact_duplicate")
     assert (dup["id"], dup["kept_source"], dup["kept_id"]) == ("w2", "prose", "b.txt")
     assert {e["reason"] for e in log} == {"exact_duplicate", "bad_json", "missing_text_field"}
-    assert all({"id", "source", "file", "line", "reason"} <= set(e) and "text" not in e for e in log)
+    assert all({"id", "source", "file", "line", "reason"} <= set(e) for e in log)
+    assert all(("text" in e) == (e["kind"] == "dropped") for e in log)
     n_logged = sum(
         len((out / "quarantine" / f"{s}.jsonl").read_text().splitlines()) for s in stats["sources"]
     )
@@ -121,7 +126,7 @@ def test_parquet_schema_and_compression(tmp_path, write, source, config):
 
 
 def test_output_is_byte_identical_across_runs(tmp_path, write, source, config):
-    cfg = make_cfg(tmp_path, write, source, config, val_fraction=0.3, docs_per_part=1)
+    cfg = make_cfg(tmp_path, write, source, config, val_fraction=0.3, docs_per_part=1, min_split_docs=0)
     a, b = tmp_path / "a", tmp_path / "b"
     curate(cfg, a)
     curate(cfg, b)
@@ -141,7 +146,7 @@ def test_parts_order_split_and_rerun_clears_old_parts(tmp_path, write, source, c
     for split in ("train", "val"):
         ids = pq.read_table(out / split / "s" / "part-00000.parquet").column("id").to_pylist()
         assert ids == sorted(ids)
-        assert all(assign_split("s", i, 0.25) == split for i in ids)
+        assert all(assign_split(split_hash("s", i), 0.25) == split for i in ids)
         assert stats["splits"][split]["documents"] == len(ids)
     assert stats["splits"]["val"]["documents"] > 0
     chars = sum(len(t) for t in texts.values())
@@ -153,7 +158,7 @@ def test_val_forced_when_it_would_be_empty(tmp_path, write, source, config):
     root = write(tmp_path / "src", {"a.txt": "first doc", "b.txt": "second doc"})
     stats = curate(config(source("s", root), val_fraction=1e-12), tmp_path / "out")
     assert stats["splits"]["val"]["documents"] == 1 and stats["splits"]["train"]["documents"] == 1
-    assert stats["val_forced"]["source"] == "s"
+    assert stats["units_forced"] == {"s": {"val": 1, "test": 0}}
 
 
 def test_parallel_matches_serial(tmp_path, write, source, config):
@@ -161,7 +166,9 @@ def test_parallel_matches_serial(tmp_path, write, source, config):
     files["d/bad.txt"] = b"\xff\xfe\x00"
     root = write(tmp_path / "src", files)
     serial = curate(config(source("s", root), workers=1, val_fraction=0.2), tmp_path / "serial")
-    parallel = curate(config(source("s", root), workers=2, val_fraction=0.2), tmp_path / "parallel")
+    parallel = curate(
+        config(source("s", root), workers=2, val_fraction=0.2, shard_bytes=1000), tmp_path / "parallel"
+    )
     assert serial == parallel
     assert serial["dropped"]["exact_duplicate"] == 30
     for path in sorted((tmp_path / "serial").rglob("*")):

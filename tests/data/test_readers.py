@@ -9,8 +9,10 @@ import pytest
 from smelt.data import readers
 from smelt.data.curate import resolve_sources
 from smelt.data.document import Ledger
-from smelt.data.executor import process_chunk
+from smelt.data.executor import read_shard
 from smelt.data.readers import ReadSpec, check_readable
+from smelt.data.shards import WorkShard, line_ranges, plan_shards
+from smelt.data.split import split_hash
 from smelt.errors import UserError
 
 
@@ -29,7 +31,7 @@ def test_text_reader_utf8_bom_and_relative_id(tmp_path, write):
     docs, ledger = read(text_spec(tmp_path), tmp_path, "a/b/doc.txt")
     (doc,) = docs
     assert (doc.id, doc.file, doc.line, doc.text) == ("a/b/doc.txt", "a/b/doc.txt", None, "Hello\r\nworld")
-    assert ledger.records_in["t"] == 1 and ledger.files[("t", "ok")] == 1 and not ledger.entries
+    assert ledger.records_in["t"] == 1 and ledger.files("t", "ok") == 1 and not ledger.entries
 
 
 def test_text_reader_quarantines_binary_and_latin1(tmp_path, write):
@@ -44,14 +46,14 @@ def test_text_reader_quarantines_binary_and_latin1(tmp_path, write):
             rel,
             rel,
         )
-        assert ledger.records_in["t"] == 1 and ledger.files[("t", "unreadable")] == 1
+        assert ledger.records_in["t"] == 1 and ledger.files("t", "unreadable") == 1
 
 
 def test_text_reader_empty_file_status(tmp_path, write):
     write(tmp_path, {"zero.txt": "", "blank.txt": " \n\n\t"})
     for rel in ("zero.txt", "blank.txt"):
         docs, ledger = read(text_spec(tmp_path), tmp_path, rel)
-        assert len(docs) == 1 and ledger.files[("t", "empty")] == 1
+        assert len(docs) == 1 and ledger.files("t", "empty") == 1
 
 
 JSONL_LINES = [
@@ -162,9 +164,30 @@ def test_globs_exclude_sorting_and_max_files(tmp_path, write, source, config):
     assert [p.name for p in resolve_sources(cfg)["s"]] == ["a.txt", "b.txt"]
 
 
-def test_process_chunk_counts_read_step(tmp_path, write):
+def test_read_shard_counts_read_step(tmp_path, write):
     write(tmp_path, {"a.txt": "one", "b.txt": b"\x00"})
     spec = text_spec(tmp_path)
-    docs, ledger = process_chunk([(spec, str(tmp_path / "a.txt")), (spec, str(tmp_path / "b.txt"))], [])
-    assert len(docs) == 1
-    assert ledger.steps[("read", "in")] == 2 and ledger.steps[("read", "out")] == 1
+    shard = WorkShard("0000-0000000", spec, (str(tmp_path / "a.txt"), str(tmp_path / "b.txt")), 4)
+    docs, ledger = read_shard(shard, [])
+    assert len(docs) == 1 and docs[0].unit_hash == split_hash("t", "a.txt")
+    assert ledger.steps[("read", "t", "in")] == 2 and ledger.steps[("read", "t", "out")] == 1
+    assert ledger.chars[("read", "t", "out")] == 3
+
+
+def test_jsonl_byte_ranges_cover_every_line_once(tmp_path):
+    lines = [json.dumps({"text": f"record {i} " + "x" * (i % 37)}) for i in range(500)]
+    path = tmp_path / "big.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    spec = ReadSpec("t", 0, "jsonl", str(tmp_path))
+    ranges = line_ranges(path, 997)
+    assert len(ranges) > 10 and ranges[0][0] == 0 and ranges[-1][1] == path.stat().st_size
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    ledger = Ledger()
+    docs = [
+        d for start, end, first in ranges for d in readers.read_file(spec, path, ledger, start, end, first)
+    ]
+    assert [d.line for d in docs] == list(range(1, 501))
+    assert [d.text for d in docs] == [json.loads(line)["text"] for line in lines]
+    assert ledger.records_in["t"] == 500 and ledger.files("t", "ok") == 1
+    shards = plan_shards([(spec, [path])], 997)
+    assert [(s.start, s.end, s.first_line) for s in shards] == ranges

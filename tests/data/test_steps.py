@@ -1,10 +1,10 @@
-import pytest
+from collections import Counter
 
 from smelt.data.dedup.exact import ExactDedup, text_digest
-from smelt.data.document import Doc, Ledger
+from smelt.data.document import DROP_SAMPLE_DOCS, Doc, Ledger
 from smelt.data.filters import LengthFilter
 from smelt.data.ids import UniqueIds
-from smelt.data.split import TRAIN, VAL, Split, assign_split, split_hash
+from smelt.data.split import TEST, TRAIN, VAL, Split, assign_split, forced_units, split_hash, unit_key
 from smelt.data.steps import CorpusStep, DocStep, run_steps, split_at_first_corpus_step
 
 
@@ -28,7 +28,13 @@ def test_length_filter_bounds_and_reasons():
     reasons = {e["id"]: e["reason"] for e in ledger.entries}
     assert reasons == {"1": "too_short", "4": "too_long", "5": "empty", "6": "empty"}
     assert all(e["kind"] == "dropped" for e in ledger.entries)
-    assert ledger.steps[("length_filter", "in")] == 6 and ledger.steps[("length_filter", "out")] == 2
+    assert (
+        sum(n for (step, _, kind), n in ledger.steps.items() if step == "length_filter" and kind == "in") == 6
+    )
+    assert (
+        sum(n for (step, _, kind), n in ledger.steps.items() if step == "length_filter" and kind == "out")
+        == 2
+    )
 
 
 def test_empty_is_dropped_even_with_min_chars_zero():
@@ -37,12 +43,15 @@ def test_empty_is_dropped_even_with_min_chars_zero():
     assert ledger.entries[0]["reason"] == "empty"
 
 
-def test_drop_entry_has_preview_not_full_text():
+def test_drop_entries_keep_full_text_only_for_a_sample():
     ledger = Ledger()
-    LengthFilter(0, 10).apply(doc("x" * 1000), ledger)
+    step = LengthFilter(0, 10)
+    list(step.run([doc("x" * 1000, id=str(i)) for i in range(DROP_SAMPLE_DOCS + 5)], ledger))
     entry = ledger.entries[0]
     assert entry["reason"] == "too_long" and entry["chars"] == 1000 and len(entry["preview"]) == 200
-    assert "text" not in entry
+    assert entry["step"] == "length_filter" and entry["text"] == "x" * 1000
+    assert sum("text" in e for e in ledger.entries) == DROP_SAMPLE_DOCS
+    assert "text" not in ledger.entries[-1]
 
 
 def test_exact_dedup_keeps_first_in_canonical_order():
@@ -52,7 +61,6 @@ def test_exact_dedup_keeps_first_in_canonical_order():
         doc("same", "a", "code", 1),
         doc("other", "z"),
     ]
-    docs.sort(key=Doc.sort_key)
     ledger = Ledger()
     kept = list(ExactDedup().run(docs, ledger))
     assert [(d.source, d.id) for d in kept] == [("web", "b"), ("s", "z")]
@@ -63,41 +71,56 @@ def test_exact_dedup_keeps_first_in_canonical_order():
 
 
 def test_unique_ids_quarantines_later_duplicates():
-    docs = [doc("t1", "x", file="b", line=1), doc("t2", "x", file="a", line=7), doc("t3", "y")]
-    docs.sort(key=Doc.sort_key)
+    docs = [doc("t1", "x", file="a", line=1), doc("t2", "x", file="b", line=7), doc("t3", "y")]
     ledger = Ledger()
     kept = list(UniqueIds().run(docs, ledger))
     assert [(d.id, d.file) for d in kept] == [("x", "a"), ("y", "f")]
     (entry,) = ledger.entries
     assert entry["reason"] == "duplicate_id" and entry["kind"] == "quarantined" and entry["kept_file"] == "a"
+    assert entry["file"] == "b" and entry["line"] == 7
+
+
+def hashed(d):
+    d.unit_hash = split_hash(d.source, unit_key(d, "id"))
+    return d
 
 
 def test_split_is_deterministic_and_independent_of_other_docs():
     ids = [f"doc-{i}" for i in range(2000)]
-    first = {i: assign_split("web", i, 0.1) for i in ids}
-    assert first == {i: assign_split("web", i, 0.1) for i in reversed(ids)}
+    first = {i: assign_split(split_hash("web", i), 0.1) for i in ids}
     share = sum(s == VAL for s in first.values()) / len(ids)
     assert 0.07 < share < 0.13
     # the same id lands in the same split whatever else is in the corpus
-    alone = list(Split(0.1).run([doc("t", "doc-7", "web")], Ledger()))
-    crowd = list(Split(0.1).run([doc("t", i, "web") for i in ids], Ledger()))
+    alone = list(Split(0.1).run([hashed(doc("t", "doc-7", "web"))], Ledger()))
+    crowd = list(Split(0.1).run([hashed(doc("t", i, "web")) for i in ids], Ledger()))
     assert alone[0].split == next(d.split for d in crowd if d.id == "doc-7") == first["doc-7"]
     assert split_hash("web", "a") != split_hash("code", "a")
-    assert all(assign_split("web", i, 0.0) == TRAIN for i in ids[:50])
+    assert all(assign_split(split_hash("web", i), 0.0) == TRAIN for i in ids[:50])
+    tested = [assign_split(split_hash("web", i), 0.1, 0.1) for i in ids]
+    assert 0.07 < tested.count(TEST) / len(ids) < 0.13
+    assert [s for s in tested if s != TEST] == [s for i, s in zip(ids, tested, strict=True) if s != TEST]
 
 
-def test_split_never_leaves_val_empty():
-    docs = [doc("t", f"id{i}") for i in range(5)]
-    step = Split(1e-9)
-    out = list(step.run(docs, Ledger()))
-    val = [d for d in out if d.split == VAL]
-    assert len(val) == 1
-    smallest = min(out, key=lambda d: split_hash(d.source, d.id))
-    assert val[0] is smallest and step.forced_val == {"source": "s", "id": smallest.id}
-    one = Split(1e-9)
-    assert [d.split for d in one.run([doc("t")], Ledger())] == [TRAIN] and one.forced_val is None
-    none = Split(0.0)
-    assert all(d.split == TRAIN for d in none.run([doc("t", f"i{i}") for i in range(5)], Ledger()))
+def test_split_units_keep_related_documents_together():
+    a = Doc("s", 0, "p1", "x", "repoA/src/a.py", url="https://www.example.org/a?x=1", meta={"repo": "r1"})
+    b = Doc("s", 0, "p2", "y", "repoA/docs/b.md", url="https://example.org/b", meta={"repo": "r1"})
+    assert unit_key(a, "domain") == unit_key(b, "domain") == "example.org"
+    assert unit_key(a, "dir") == unit_key(b, "dir") == "repoA"
+    assert unit_key(a, "field:repo") == unit_key(b, "field:repo") == "r1"
+    assert unit_key(a, "url") != unit_key(b, "url") and unit_key(a, "file") != unit_key(b, "file")
+    no_url = Doc("s", 0, "p3", "z", "top.txt")
+    assert unit_key(no_url, "domain") == "p3" and unit_key(no_url, "dir") == "top.txt"
+
+
+def test_forced_units_fill_the_minimum_from_the_smallest_hashes():
+    units = {"s": Counter({h: 1 for h in (5, 9, 2**63, 2**64 - 1)})}
+    forced = forced_units(units, 1e-20, 1e-20, 1)
+    assert forced == {"s": {5: VAL, 9: TEST}}
+    assert forced_units({"s": Counter({5: 3})}, 1e-12, 0.0, 1) == {}  # train keeps its only unit
+    assert forced_units(units, 0.0, 0.0, 5) == {}
+    step = Split(1e-20, 1e-20, forced)
+    docs = [Doc("s", 0, str(h), "t", "f", unit_hash=h) for h in (2**63, 5, 9)]
+    assert [d.split for d in step.run(docs, Ledger())] == [TRAIN, VAL, TEST]
 
 
 def test_pipeline_split_point():
@@ -111,7 +134,3 @@ def test_pipeline_split_point():
     assert split_at_first_corpus_step([a, b, c]) == ([a], [b, c])
     assert split_at_first_corpus_step([a, c]) == ([a, c], [])
 
-
-@pytest.mark.parametrize("text", ["", "x"])
-def test_doc_sort_key_handles_missing_line(text):
-    assert sorted([doc(text, line=3), doc(text, line=None)], key=Doc.sort_key)[0].line is None

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from smelt.config import SourceConfig
 from smelt.data.document import QUARANTINED, Ledger
 from smelt.errors import UserError
 
 
-def check_usable(source: SourceConfig, root: Path, n_files: int, ledger: Ledger) -> None:
-    """Raise UserError when none of a source's files held a readable record with visible text."""
+def check_usable(
+    source: SourceConfig,
+    root: Path,
+    n_files: int,
+    ledger: Ledger,
+    entries_of: Callable[[str], list[dict[str, Any]]],
+) -> None:
+    """Raise UserError when none of a source's files held a readable record with visible text.
+    `entries_of(source)` returns the source's ledger entries (read only when the check fails)."""
     name = source.name
-    if ledger.files[(name, "ok")]:
+    if ledger.files(name, "ok"):
         return
     where = f"source {name!r}: all {n_files} files under {root} (include = {source.include!r})"
-    entries = [e for e in ledger.entries if e["source"] == name and e["kind"] == QUARANTINED]
+    entries = [e for e in entries_of(name) if e["kind"] == QUARANTINED]
     reasons = Counter(e["reason"] for e in entries)
-    if not entries or ledger.files[(name, "empty")] == n_files:
+    if not entries or ledger.files(name, "empty") == n_files:
         raise UserError(
             f"{where} are empty (zero bytes or only whitespace). Point include at files that hold text, "
             f"or remove the source."

@@ -1,35 +1,51 @@
 """The curate stage: raw files -> documents (parquet parts per split and source) + stats.
 
-Order of steps (design section 5): read -> normalize -> [language id] -> [heuristic filters] ->
-length filter -> unique ids -> exact dedup -> [MinHash near-dedup] -> [quality scoring] -> [PII] ->
-[decontamination] -> split. Bracketed steps are slots for later work: insert a `DocStep` or
-`CorpusStep` into `build_steps`; the leading per-document steps run inside the reader processes.
+Order of steps (design section 5): read (+ extraction) -> normalize -> language id -> heuristic filters
+-> length filter -> quality scoring -> PII -> unique ids -> exact dedup -> [MinHash near-dedup] ->
+[decontamination] -> split. Bracketed steps belong to the dedup issue: insert a `CorpusStep` into
+`build_steps` at the marked place.
 
-Memory: the kept documents of one run are held in memory between reading and writing (fine for the
-quickstart corpus and for corpora of a few GB; streaming spills are future work).
+Execution is map/reduce over work shards (see data/shards.py):
+* map: the leading per-document steps run on each shard in a process pool; each shard writes its
+  surviving documents and ledger under `<out>/_work/map/` and a completion marker, so a killed run
+  resumes at the first unfinished shard and ends byte-identical to an uninterrupted run;
+* reduce: the corpus steps (id uniqueness, dedup, split) stream over the shards' documents in canonical
+  order and the writer streams parts out; memory holds one shard's documents per worker, one part per
+  writer, and a 16-byte digest per document for the dedup and id checks.
+Quality scoring and PII run in the map phase, before dedup: both are per-document functions, and there
+they cost one pass instead of a second one over the deduplicated stream.
 """
 
 from __future__ import annotations
 
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from smelt.config import DataConfig
+from smelt.config import DataConfig, hash_json
 from smelt.data.checks import check_usable
 from smelt.data.dedup.exact import ExactDedup
 from smelt.data.document import Doc, Ledger
-from smelt.data.executor import read_all
+from smelt.data.executor import iter_entries, iter_shard_docs, read_column, resolve_workers, run_map
 from smelt.data.filters import LengthFilter
 from smelt.data.ids import UniqueIds
 from smelt.data.normalize import Normalize
+from smelt.data.plots import retention_svg
 from smelt.data.readers import ReadSpec, check_readable
+from smelt.data.shards import WorkShard, plan_shards, read_plan, write_plan
 from smelt.data.sources import resolve_all
-from smelt.data.split import TRAIN, VAL, Split
-from smelt.data.stats import build_stats
+from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
+from smelt.data.stats import KeptStats, build_stats
 from smelt.data.steps import Step, run_steps, split_at_first_corpus_step
-from smelt.data.writer import clear_outputs, write_documents, write_quarantine
+from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
 from smelt.manifest import write_json
-from smelt.progress import log
+from smelt.progress import log, progress
+
+WORK_DIR = "_work"
+MIN_SHARD_BYTES = 1 << 20
 
 
 def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -41,64 +57,142 @@ def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
 
 
 def build_steps(cfg: DataConfig) -> list[Step]:
-    """The curation steps in design order; later issues insert theirs at the marked places."""
+    """The curation steps in design order; per-document steps first (they run in the map phase)."""
     steps: list[Step] = [
         Normalize(frozenset(s.name for s in cfg.sources if s.code)),
-        # language id (DocStep) goes here, then heuristic quality filters (Gopher) as DocSteps.
         LengthFilter(cfg.min_chars, cfg.max_chars),
         UniqueIds(),
     ]
     if cfg.exact_dedup:
         steps.append(ExactDedup())
-    # MinHash near-dedup, quality scoring, PII and decontamination go here.
-    steps.append(Split(cfg.val_fraction))
+    # MinHash near-dedup and decontamination go here.
+    steps.append(Split(cfg.val_fraction, cfg.test_fraction))
     return steps
+
+
+def _fingerprint(cfg: DataConfig, resolved: dict[str, tuple[Path, list[Path]]]) -> str:
+    """What a resumed run must share with the interrupted one: the config and the input files."""
+    config = asdict(cfg)
+    config.pop("workers")
+    files = []
+    for _, paths in resolved.values():
+        for path in paths:
+            stat = path.stat()
+            files.append([str(path), stat.st_size, stat.st_mtime_ns])
+    return hash_json({"config": config, "files": files})
+
+
+def _plan(cfg: DataConfig, specs: list[tuple[ReadSpec, list[Path]]], work: Path, fingerprint: str):
+    plan_path = work / "plan.json"
+    shards = read_plan(plan_path, fingerprint)
+    if shards is not None:
+        return shards
+    shutil.rmtree(work, ignore_errors=True)
+    total = sum(path.stat().st_size for _, files in specs for path in files)
+    # Enough shards to keep every worker busy, never more bytes per shard than configured.
+    target = min(cfg.shard_bytes, max(MIN_SHARD_BYTES, total // (4 * resolve_workers(cfg.workers))))
+    shards = plan_shards(specs, target)
+    write_plan(plan_path, fingerprint, shards)
+    return shards
 
 
 def curate(cfg: DataConfig, out_dir: Path) -> dict:
     """Run the curation; write documents; return the stats dict (also written to out_dir/stats.json)."""
     out_dir = Path(out_dir)
+    check_units(cfg)
     resolved = resolve_all(cfg)
-    tasks = []
+    specs = []
     for index, source in enumerate(cfg.sources):
         root, files = resolved[source.name]
         spec = ReadSpec.of(source, index, root)
         check_readable(spec, files)
-        tasks += [(spec, str(path)) for path in files]
+        specs.append((spec, files))
         log(f"curate: source {source.name!r}: {len(files)} files under {root}")
 
     steps = build_steps(cfg)
     map_steps, corpus_steps = split_at_first_corpus_step(steps)
-    docs, ledger = read_all(tasks, map_steps, cfg.workers)
+    work = out_dir / WORK_DIR
+    map_dir = work / "map"
+    shards = _plan(cfg, specs, work, _fingerprint(cfg, resolved))
+    ledger = run_map(shards, map_steps, map_dir, cfg.workers)
+
+    def entries_of(name: str) -> list[dict[str, Any]]:
+        return [e for s in shards if s.spec.name == name for e in iter_entries(s, map_dir)]
+
     for source in cfg.sources:
         root, files = resolved[source.name]
-        check_usable(source, root, len(files), ledger)
+        check_usable(source, root, len(files), ledger, entries_of)
 
-    kept = _run_corpus_steps(corpus_steps, docs, ledger)
-    clear_outputs(out_dir, (TRAIN, VAL))
-    write_documents(kept, out_dir, cfg.docs_per_part)
-    write_quarantine(ledger.entries, [s.name for s in cfg.sources], out_dir)
+    split_step = next(s for s in corpus_steps if isinstance(s, Split))
+    units = _docs_per_unit(shards, map_dir)
+    split_step.forced = forced_units(units, cfg.val_fraction, cfg.test_fraction, cfg.min_split_docs)
+    clear_outputs(out_dir, SPLITS)
+    n_docs = sum(sum(c.values()) for c in units.values())
+    kept, reduce_entries = _reduce(shards, map_dir, corpus_steps, ledger, out_dir, cfg.docs_per_part, n_docs)
+    for source in cfg.sources:
+        mine = [e for e in reduce_entries if e["source"] == source.name]
+        write_quarantine([*entries_of(source.name), *mine], source.name, out_dir)
 
-    split_step = next(s for s in steps if isinstance(s, Split))
-    extra: dict[str, Any] = {"val_forced": split_step.forced_val}
+    forced = {
+        source: {split: sum(1 for s in moves.values() if s == split) for split in (VAL, TEST)}
+        for source, moves in split_step.forced.items()
+    }
+    extra: dict[str, Any] = {"units_forced": forced}
+    names = [s.name for s in cfg.sources]
     stats = build_stats(
-        [s.name for s in cfg.sources],
-        {name: len(files) for name, (_, files) in resolved.items()},
-        kept,
-        ledger,
-        [s.name for s in steps],
-        extra,
+        names, {n: len(resolved[n][1]) for n in names}, ledger, kept, [s.name for s in steps], extra
     )
     write_json(out_dir / "stats.json", stats)
+    (out_dir / "retention.svg").write_text(retention_svg(stats), encoding="utf-8")
+    shutil.rmtree(work)
+    splits = ", ".join(
+        f"{k} {stats['splits'][k]['documents']}" for k in SPLITS if stats["splits"][k]["documents"]
+    )
     log(
-        f"curate: {stats['documents_in']} records in, {stats['documents_kept']} kept "
-        f"(train {stats['splits'][TRAIN]['documents']}, val {stats['splits'][VAL]['documents']}), "
-        f"{sum(stats['dropped'].values())} dropped, {sum(stats['quarantined'].values())} quarantined"
+        f"curate: {stats['documents_in']} records in, {stats['documents_kept']} kept ({splits}), "
+        f"{sum(stats['dropped'].values())} dropped, {sum(stats['quarantined'].values())} quarantined; "
+        f"identity in = kept + dropped + quarantined holds"
     )
     return stats
 
 
-def _run_corpus_steps(steps: list[Step], docs: list[Doc], ledger: Ledger) -> list[Doc]:
-    kept = list(run_steps(steps, docs, ledger))
-    kept.sort(key=Doc.sort_key)
-    return kept
+def _docs_per_unit(shards: list[WorkShard], map_dir: Path) -> dict[str, Counter]:
+    units: dict[str, Counter] = {}
+    for shard in shards:
+        units.setdefault(shard.spec.name, Counter()).update(read_column(shard, map_dir, "unit_hash"))
+    return units
+
+
+def _reduce(
+    shards: list[WorkShard],
+    map_dir: Path,
+    steps: list[Step],
+    ledger: Ledger,
+    out_dir: Path,
+    docs_per_part: int,
+    n_docs: int,
+) -> tuple[KeptStats, list[dict[str, Any]]]:
+    """Stream the map outputs through the corpus steps into the parts; return the kept totals and the
+    entries the corpus steps logged (their counts are merged into `ledger`)."""
+    reduce_ledger = Ledger()
+    writer = PartWriter(out_dir, docs_per_part)
+    kept = KeptStats()
+    with progress(total=n_docs, desc="curate: reduce", unit="doc") as bar:
+
+        def stream() -> Iterator[Doc]:
+            for shard in shards:
+                count = 0
+                for doc in iter_shard_docs(shard, map_dir):
+                    count += 1
+                    yield doc
+                bar.update(count)
+
+        for doc in run_steps(steps, stream(), reduce_ledger):
+            writer.add(doc)
+            kept.add(doc)
+        writer.flush_all()
+    ledger.merge_counts(reduce_ledger)
+    return kept, reduce_ledger.entries
+
+
+__all__ = ["TRAIN", "VAL", "build_steps", "curate", "resolve_sources"]

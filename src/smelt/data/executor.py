@@ -1,47 +1,47 @@
-"""Read and map files, serially or on a local process pool, with identical results.
+"""The map phase of curation: read each work shard and run the per-document steps, in parallel.
 
-Workers run the reader plus the leading per-document steps on chunks of files and send back the
-surviving documents and their ledger. The parent sorts the documents into canonical order (source
-order, then id), so the result does not depend on scheduling. Memory: the surviving documents of the
-whole run are held in the parent (acceptable for this first version; a streaming merge of sorted
-worker spills is the path to corpora larger than RAM).
+Each shard's surviving documents go to `<work>/map/<key>.parquet`, its ledger entries to
+`<key>.entries.jsonl` and its counts to `<key>.counts.json`; a `<key>.done` marker written last makes
+the shard complete. A rerun after a crash (even SIGKILL) skips complete shards, and because a shard's
+output depends only on its input and the steps, the resumed run's output is byte-identical to an
+uninterrupted one. Memory per worker is bounded by one shard's documents.
 """
 
 from __future__ import annotations
 
-import math
+import json
 import multiprocessing
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from smelt.data.document import Doc, Ledger
-from smelt.data.readers import ReadSpec, read_file
+from smelt.data.readers import read_file
+from smelt.data.shards import WorkShard
+from smelt.data.split import split_hash, unit_key
 from smelt.data.steps import DocStep, run_steps
 from smelt.progress import log, progress
 
-PARALLEL_MIN_FILES = 64
-MAX_CHUNK_FILES = 32
-
-Task = tuple[ReadSpec, str]
-
-
-def _count_out(docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
-    for doc in docs:
-        ledger.steps[("read", "out")] += 1
-        yield doc
-
-
-def process_chunk(tasks: list[Task], steps: list[DocStep]) -> tuple[list[Doc], Ledger]:
-    """Read each file and run the per-document steps on its records (also the worker entry point)."""
-    ledger = Ledger()
-    docs: list[Doc] = []
-    for spec, path in tasks:
-        docs.extend(run_steps(steps, _count_out(read_file(spec, Path(path), ledger), ledger), ledger))
-    ledger.steps[("read", "in")] += sum(ledger.records_in.values())
-    return docs, ledger
+MAP_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string(), nullable=False),
+        pa.field("text", pa.string(), nullable=False),
+        pa.field("file", pa.string(), nullable=False),
+        pa.field("line", pa.int64()),
+        pa.field("url", pa.string()),
+        pa.field("meta", pa.string(), nullable=False),
+        pa.field("unit_hash", pa.uint64(), nullable=False),
+        pa.field("quality", pa.float64()),
+    ]
+)
+READ_BATCH = 2048
 
 
 def start_method() -> str:
@@ -54,43 +54,146 @@ def resolve_workers(workers: int) -> int:
     return (os.cpu_count() or 1) if workers == 0 else workers
 
 
-def read_all(tasks: list[Task], steps: list[DocStep], workers: int) -> tuple[list[Doc], Ledger]:
-    """Documents of all tasks in canonical order, and the merged ledger."""
-    workers = resolve_workers(workers)
-    if workers == 1 or len(tasks) < PARALLEL_MIN_FILES:
-        results = _serial(tasks, steps)
-    else:
-        results = _parallel(tasks, steps, workers)
-    docs: list[Doc] = []
+def _count_read(docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
+    for doc in docs:
+        ledger.count("read", doc.source, "out", len(doc.text))
+        yield doc
+
+
+def read_shard(shard: WorkShard, steps: list[DocStep]) -> tuple[list[Doc], Ledger]:
+    """Read one shard and run the per-document steps on its records; documents in canonical order."""
     ledger = Ledger()
-    for chunk_docs, chunk_ledger in results:
-        docs.extend(chunk_docs)
-        ledger.merge(chunk_ledger)
-    docs.sort(key=Doc.sort_key)
+    docs: list[Doc] = []
+    spec = shard.spec
+    for path in shard.files:
+        records = read_file(spec, Path(path), ledger, shard.start, shard.end, shard.first_line)
+        for doc in run_steps(steps, _count_read(records, ledger), ledger):
+            doc.unit_hash = split_hash(doc.source, unit_key(doc, spec.split_unit))
+            docs.append(doc)
+    ledger.steps[("read", spec.name, "in")] += ledger.records_in[spec.name]
     return docs, ledger
 
 
-def _serial(tasks: list[Task], steps: list[DocStep]) -> Iterator[tuple[list[Doc], Ledger]]:
-    with progress(total=len(tasks), desc="curate: read", unit="file") as bar:
-        for task in tasks:
-            yield process_chunk([task], steps)
-            bar.update(1)
+def map_shard(shard: WorkShard, steps: list[DocStep], map_dir: str) -> Ledger:
+    """The worker entry point: process one shard, write its outputs and marker, return its counts."""
+    docs, ledger = read_shard(shard, steps)
+    base = Path(map_dir) / shard.key
+    _write_atomic(base.with_suffix(".parquet"), lambda tmp: pq.write_table(_map_table(docs), tmp))
+    lines = "".join(json.dumps(e, sort_keys=True, ensure_ascii=False) + "\n" for e in ledger.entries)
+    _write_atomic(base.with_suffix(".entries.jsonl"), lambda tmp: tmp.write_text(lines, encoding="utf-8"))
+    counts = json.dumps(counts_to_json(ledger), sort_keys=True)
+    _write_atomic(base.with_suffix(".counts.json"), lambda tmp: tmp.write_text(counts))
+    _write_atomic(base.with_suffix(".done"), lambda tmp: tmp.write_text(""))
+    ledger.entries = []
+    return ledger
 
 
-def _parallel(tasks: list[Task], steps: list[DocStep], workers: int) -> Iterator[tuple[list[Doc], Ledger]]:
-    size = max(1, min(MAX_CHUNK_FILES, math.ceil(len(tasks) / (workers * 4))))
-    chunks = [tasks[i : i + size] for i in range(0, len(tasks), size)]
-    workers = min(workers, len(chunks))
-    log(f"curate: reading {len(tasks)} files with {workers} processes")
+def _write_atomic(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def _map_table(docs: list[Doc]) -> pa.Table:
+    return pa.table(
+        {
+            "id": [d.id for d in docs],
+            "text": [d.text for d in docs],
+            "file": [d.file for d in docs],
+            "line": [d.line for d in docs],
+            "url": [d.url for d in docs],
+            "meta": [json.dumps(d.meta, sort_keys=True, ensure_ascii=False) for d in docs],
+            "unit_hash": pa.array([d.unit_hash for d in docs], pa.uint64()),
+            "quality": [d.meta.get("quality") for d in docs],
+        },
+        schema=MAP_SCHEMA,
+    )
+
+
+def iter_shard_docs(shard: WorkShard, map_dir: Path) -> Iterator[Doc]:
+    """The documents a completed shard left, in canonical order."""
+    spec = shard.spec
+    parquet = pq.ParquetFile(map_dir / f"{shard.key}.parquet")
+    for batch in parquet.iter_batches(batch_size=READ_BATCH):
+        rows = batch.to_pydict()
+        for i in range(batch.num_rows):
+            doc = Doc(
+                spec.name,
+                spec.index,
+                rows["id"][i],
+                rows["text"][i],
+                rows["file"][i],
+                rows["line"][i],
+                rows["url"][i],
+                meta=json.loads(rows["meta"][i]),
+            )
+            doc.unit_hash = rows["unit_hash"][i]
+            yield doc
+
+
+def read_column(shard: WorkShard, map_dir: Path, column: str) -> list[Any]:
+    return pq.read_table(map_dir / f"{shard.key}.parquet", columns=[column]).column(column).to_pylist()
+
+
+def iter_entries(shard: WorkShard, map_dir: Path) -> Iterator[dict[str, Any]]:
+    with open(map_dir / f"{shard.key}.entries.jsonl", encoding="utf-8") as handle:
+        for line in handle:
+            yield json.loads(line)
+
+
+def counts_to_json(ledger: Ledger) -> dict[str, Any]:
+    return {
+        "steps": [[*k, v] for k, v in ledger.steps.items()],
+        "chars": [[*k, v] for k, v in ledger.chars.items()],
+        "reasons": [[*k, v] for k, v in ledger.reasons.items()],
+        "records_in": dict(ledger.records_in),
+        "file_status": [[*k, v] for k, v in ledger.file_status.items()],
+        "samples": [[*k, v] for k, v in ledger.samples.items()],
+    }
+
+
+def counts_from_json(data: dict[str, Any]) -> Ledger:
+    ledger = Ledger()
+    for name in ("steps", "chars", "reasons", "samples"):
+        getattr(ledger, name).update({tuple(row[:-1]): row[-1] for row in data[name]})
+    ledger.records_in = Counter(data["records_in"])
+    for source, file, status in data["file_status"]:
+        ledger.set_file_status(source, file, status)
+    return ledger
+
+
+def run_map(shards: list[WorkShard], steps: list[DocStep], map_dir: Path, workers: int) -> Ledger:
+    """Process every shard that has no completion marker yet; return the merged counts of all shards."""
+    map_dir.mkdir(parents=True, exist_ok=True)
+    done = {s.key for s in shards if (map_dir / f"{s.key}.done").exists()}
+    todo = [s for s in shards if s.key not in done]
+    if done:
+        log(f"curate: resuming: {len(done)} of {len(shards)} work shards already done")
+    total = Ledger()
+    for shard in shards:
+        if shard.key in done:
+            total.merge_counts(
+                counts_from_json(json.loads((map_dir / f"{shard.key}.counts.json").read_text()))
+            )
+    workers = min(resolve_workers(workers), max(1, len(todo)))
+    todo_bytes = sum(s.bytes for s in todo)
+    if workers == 1:
+        with progress(total=todo_bytes, desc="curate: map", unit="B", unit_scale=True) as bar:
+            for shard in todo:
+                total.merge_counts(map_shard(shard, steps, str(map_dir)))
+                bar.update(shard.bytes)
+        return total
+    log(f"curate: {len(todo)} work shards on {workers} processes")
     context = multiprocessing.get_context(start_method())
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         # Submit (and so fork) before the progress bar exists, so no bar thread is alive at fork time.
-        futures = {pool.submit(process_chunk, chunk, steps): len(chunk) for chunk in chunks}
+        futures = {pool.submit(map_shard, shard, steps, str(map_dir)): shard for shard in todo}
         try:
-            with progress(total=len(tasks), desc="curate: read", unit="file") as bar:
+            with progress(total=todo_bytes, desc="curate: map", unit="B", unit_scale=True) as bar:
                 for future in as_completed(futures):
-                    yield future.result()
-                    bar.update(futures[future])
+                    total.merge_counts(future.result())
+                    bar.update(futures[future].bytes)
         except BaseException:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+    return total

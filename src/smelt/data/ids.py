@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
 
 from smelt.data.document import Doc, Ledger
@@ -9,26 +10,27 @@ from smelt.data.steps import CorpusStep
 
 
 class UniqueIds(CorpusStep):
-    """Quarantine (`duplicate_id`) every later record whose (source, id) was already seen.
-
-    Relies on canonical order, so the record kept is the one with the smallest (file, line)."""
+    """Quarantine (`duplicate_id`) every record whose (source, id) an earlier record in canonical order
+    already used. Memory: a 16-byte digest and the first record's place per id."""
 
     name = "unique_id"
 
     def run(self, docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
-        previous: Doc | None = None
+        seen: dict[bytes, tuple[str, int | None]] = {}
         for doc in docs:
-            if previous is not None and (doc.source, doc.id) == (previous.source, previous.id):
+            key = hashlib.blake2b(f"{doc.source}\x00{doc.id}".encode(), digest_size=16).digest()
+            first = seen.get(key)
+            if first is not None:
                 ledger.quarantine(
                     doc.source,
                     doc.id,
                     doc.file,
                     doc.line,
                     "duplicate_id",
-                    f"id also used by {previous.file}:{previous.line}; set id_field to a unique field",
-                    kept_file=previous.file,
-                    kept_line=previous.line,
+                    f"id also used by {first[0]}:{first[1]}; set id_field to a unique field",
+                    kept_file=first[0],
+                    kept_line=first[1],
                 )
                 continue
-            previous = doc
+            seen[key] = (doc.file, doc.line)
             yield doc

@@ -39,6 +39,11 @@ class ReadSpec:
     id_field: str = ""
     url_field: str = ""
     extractor: str = "trafilatura"
+    split_unit: str = "id"  # see data/split.py; "field:<name>" keeps that record field in meta
+
+    @property
+    def unit_field(self) -> str:
+        return self.split_unit.removeprefix("field:") if self.split_unit.startswith("field:") else ""
 
     @classmethod
     def of(cls, source: SourceConfig, index: int, root: Path) -> ReadSpec:
@@ -51,6 +56,7 @@ class ReadSpec:
             source.id_field,
             source.url_field,
             source.extractor,
+            source.split_unit,
         )
 
 
@@ -65,12 +71,21 @@ def check_readable(spec: ReadSpec, files: list[Path]) -> None:
             )
 
 
-def read_file(spec: ReadSpec, path: Path, ledger: Ledger) -> Iterator[Doc]:
+def read_file(
+    spec: ReadSpec, path: Path, ledger: Ledger, start: int = 0, end: int | None = None, first_line: int = 1
+) -> Iterator[Doc]:
+    """Documents of one file, or of the lines of a JSONL file that start in the byte range [start, end)
+    (`first_line` is the number of the line at `start`), with the file's status set in the ledger."""
     rel = path.relative_to(spec.root).as_posix()
-    reader = _reader(spec.format)
-    state = {"records": 0, "visible": False}
+    state: dict[str, Any] = {"records": 0, "visible": False}
     mark = ledger.n_quarantined
-    for doc in reader(spec, path, rel, ledger, state):
+    if start or end is not None:
+        if spec.format != "jsonl":
+            raise ValueError(f"byte ranges are only supported for jsonl, not {spec.format}")
+        records = _read_jsonl(spec, path, rel, ledger, state, start, end, first_line)
+    else:
+        records = _reader(spec.format)(spec, path, rel, ledger, state)
+    for doc in records:
         if not state["visible"] and doc.text.strip():
             state["visible"] = True
         yield doc
@@ -80,7 +95,7 @@ def read_file(spec: ReadSpec, path: Path, ledger: Ledger) -> Iterator[Doc]:
         status = "empty"  # no records, or only whitespace ones
     else:
         status = "unreadable"
-    ledger.files[(spec.name, status)] += 1
+    ledger.set_file_status(spec.name, rel, status)
 
 
 def _reader(fmt: str):
@@ -118,11 +133,27 @@ def _open_jsonl(path: Path) -> io.BufferedIOBase:
     return open(path, "rb")
 
 
-def _read_jsonl(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict) -> Iterator[Doc]:
-    number = 0
+def _read_jsonl(
+    spec: ReadSpec,
+    path: Path,
+    rel: str,
+    ledger: Ledger,
+    state: dict,
+    start: int = 0,
+    end: int | None = None,
+    first_line: int = 1,
+) -> Iterator[Doc]:
+    number = first_line - 1
     try:
         with _open_jsonl(path) as handle:
-            for number, raw in enumerate(handle, start=1):
+            if start:
+                handle.seek(start)
+            position = start
+            for number, raw in enumerate(handle, start=first_line):
+                if end is not None:
+                    if position >= end:
+                        break
+                    position += len(raw)
                 if not raw.strip():
                     continue
                 state["records"] += 1
@@ -202,7 +233,10 @@ def _make_doc(
         doc_id = str(value)
     url = record.get(spec.url_field) if spec.url_field else None
     url = None if url is None or url == "" else str(url)
-    return Doc(spec.name, spec.index, doc_id, text, rel, number, url)
+    doc = Doc(spec.name, spec.index, doc_id, text, rel, number, url)
+    if spec.unit_field and record.get(spec.unit_field) not in (None, ""):
+        doc.meta[spec.unit_field] = str(record[spec.unit_field])
+    return doc
 
 
 def _read_parquet(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict) -> Iterator[Doc]:
@@ -214,10 +248,14 @@ def _read_parquet(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: d
         ledger.quarantine(spec.name, rel, rel, None, "decode_error", f"not a parquet file: {exc}")
         return
     names = parquet.schema_arrow.names
-    wanted = [f for f in (spec.text_field, spec.id_field, spec.url_field) if f]
-    for key, column in zip(
-        ("text_field", "id_field", "url_field"), (spec.text_field, spec.id_field, spec.url_field), strict=True
-    ):
+    fields = {
+        "text_field": spec.text_field,
+        "id_field": spec.id_field,
+        "url_field": spec.url_field,
+        "split_unit": spec.unit_field,
+    }
+    wanted = [f for f in fields.values() if f]
+    for key, column in fields.items():
         if column and column not in names:
             raise UserError(
                 f"source {spec.name!r}: {path} has no column {column!r} (its columns: "

@@ -1,43 +1,119 @@
-"""Deterministic train/val assignment by a hash of the provenance unit (source, stable id)."""
+"""Deterministic train/val/test assignment by a hash of each document's provenance unit.
+
+Related documents (pages of one site, files of one repository, chapters of one book) must never
+straddle splits, or validation loss measures memorization. Each source names its unit
+(`split_unit`): the document id, its URL, its URL's domain, its file, the top directory of its file
+(a repository or book folder in a text tree), or a record field (`field:repo`). The unit is hashed
+with the source name; the hash alone picks the split, so a unit lands in the same split in every run
+and whatever else is in the corpus.
+
+A per-source minimum (`min_split_docs`) moves the train units with the smallest hashes into val (then
+test) when the hash draw leaves them short; that decision is taken from the unit hashes of all the
+documents that reach the split step, before any document is written, so the step itself stays a pure
+function of each document.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from urllib.parse import urlsplit
 
+from smelt.config import DataConfig
 from smelt.data.document import Doc, Ledger
 from smelt.data.steps import CorpusStep
+from smelt.errors import ConfigError
 
-TRAIN, VAL = "train", "val"
+TRAIN, VAL, TEST = "train", "val", "test"
+SPLITS = (TRAIN, VAL, TEST)
+UNITS = ("id", "url", "domain", "file", "dir")
 
 
-def split_hash(source: str, doc_id: str) -> int:
-    """A 64-bit hash of (source, id); the same id always lands in the same split."""
-    blob = source.encode("utf-8") + b"\x00" + doc_id.encode("utf-8")
+def check_units(cfg: DataConfig) -> None:
+    for i, source in enumerate(cfg.sources):
+        unit = source.split_unit
+        if unit in UNITS or (unit.startswith("field:") and len(unit) > len("field:")):
+            continue
+        raise ConfigError(
+            f"data.sources[{i}].split_unit = {unit!r} (source {source.name!r}) is not a provenance unit. "
+            f"Use one of {', '.join(UNITS)}, or field:<record field> (e.g. field:repo)."
+        )
+
+
+def unit_key(doc: Doc, unit: str) -> str:
+    """The provenance unit of a document; falls back to the id when the document lacks it (no URL...)."""
+    if unit == "id":
+        return doc.id
+    if unit == "url":
+        return doc.url or doc.id
+    if unit == "domain":
+        host = urlsplit(doc.url).hostname if doc.url else None
+        return host.removeprefix("www.") if host else doc.id
+    if unit == "file":
+        return doc.file
+    if unit == "dir":
+        head, sep, _ = doc.file.partition("/")
+        return head if sep else doc.file
+    value = doc.meta.get(unit.removeprefix("field:"))
+    return str(value) if value not in (None, "") else doc.id
+
+
+def split_hash(source: str, unit: str) -> int:
+    """A 64-bit hash of (source, unit); the same unit always lands in the same split."""
+    blob = source.encode("utf-8") + b"\x00" + unit.encode("utf-8")
     return int.from_bytes(hashlib.blake2b(blob, digest_size=8).digest(), "big")
 
 
-def assign_split(source: str, doc_id: str, val_fraction: float) -> str:
-    return VAL if split_hash(source, doc_id) / 2**64 < val_fraction else TRAIN
+def assign_split(unit_hash: int, val_fraction: float, test_fraction: float = 0.0) -> str:
+    u = unit_hash / 2**64
+    if u < val_fraction:
+        return VAL
+    return TEST if u < val_fraction + test_fraction else TRAIN
+
+
+def forced_units(
+    docs_per_unit: dict[str, Counter], val_fraction: float, test_fraction: float, min_docs: int
+) -> dict[str, dict[int, str]]:
+    """Per source, the train units moved to val or test to reach `min_docs` documents in each split
+    whose fraction is above zero. Units move in ascending hash order, and train always keeps at least
+    one unit. `docs_per_unit[source][unit_hash]` counts the documents of each unit."""
+    forced: dict[str, dict[int, str]] = {}
+    for source, units in docs_per_unit.items():
+        have = Counter()
+        train_units = []
+        for h in sorted(units):
+            split = assign_split(h, val_fraction, test_fraction)
+            have[split] += units[h]
+            if split == TRAIN:
+                train_units.append(h)
+        moves: dict[int, str] = {}
+        for split, fraction in ((VAL, val_fraction), (TEST, test_fraction)):
+            while fraction > 0 and have[split] < min_docs and len(train_units) > 1:
+                h = train_units.pop(0)
+                moves[h] = split
+                have[split] += units[h]
+                have[TRAIN] -= units[h]
+        if moves:
+            forced[source] = moves
+    return forced
 
 
 class Split(CorpusStep):
-    """Set `doc.split`. When val_fraction > 0 but no document falls into val while train has >= 2,
-    the train document with the smallest hash moves to val (recorded in `forced_val`).
-    Holds the kept documents of the run in memory (needed for that rule)."""
+    """Set `doc.split` from the document's unit hash (`doc.unit_hash`), or from the forced moves."""
 
     name = "split"
 
-    def __init__(self, val_fraction: float):
+    def __init__(
+        self, val_fraction: float, test_fraction: float = 0.0, forced: dict[str, dict[int, str]] | None = None
+    ):
         self.val_fraction = val_fraction
-        self.forced_val: dict[str, str] | None = None
+        self.test_fraction = test_fraction
+        self.forced = forced or {}
 
     def run(self, docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
-        kept = list(docs)
-        for doc in kept:
-            doc.split = assign_split(doc.source, doc.id, self.val_fraction)
-        if self.val_fraction > 0 and len(kept) >= 2 and all(doc.split == TRAIN for doc in kept):
-            chosen = min(kept, key=lambda d: (split_hash(d.source, d.id), d.sort_key()))
-            chosen.split = VAL
-            self.forced_val = {"source": chosen.source, "id": chosen.id}
-        yield from kept
+        for doc in docs:
+            moved = self.forced.get(doc.source)
+            split = moved.get(doc.unit_hash) if moved else None
+            doc.split = split or assign_split(doc.unit_hash, self.val_fraction, self.test_fraction)
+            yield doc

@@ -1,4 +1,4 @@
-"""The curate stats: counts in, kept, dropped and quarantined per reason, per step, per split and source.
+"""The curate stats: counts in, kept, dropped and quarantined per reason, per step, split and source.
 
 The accounting invariant `documents_in == kept + sum(dropped) + sum(quarantined)` is checked here for
 the whole run and for every source; a violation is a bug in smelt, not a user error.
@@ -6,24 +6,30 @@ the whole run and for every source; a violation is a bug in smelt, not a user er
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from smelt.data.document import DROPPED, QUARANTINED, Doc, Ledger
-from smelt.data.split import TRAIN, VAL
+from smelt.data.split import SPLITS
 
 
-def _split_block() -> dict[str, int]:
-    return {"documents": 0, "chars": 0, "bytes": 0}
+class KeptStats:
+    """Running totals of the kept documents (streamed past once, never held)."""
 
+    def __init__(self) -> None:
+        self.splits: Counter = Counter()  # (source, split, "documents"|"chars"|"bytes") -> n
+        self.langs: Counter = Counter()  # (source, lang) -> documents
+        self.pii: Counter = Counter()  # (source, kind) -> replacements
 
-def _block() -> dict[str, Any]:
-    return {
-        "documents_in": 0,
-        "documents_kept": 0,
-        DROPPED: {},
-        QUARANTINED: {},
-        "splits": {TRAIN: _split_block(), VAL: _split_block()},
-    }
+    def add(self, doc: Doc) -> None:
+        self.splits[(doc.source, doc.split, "documents")] += 1
+        self.splits[(doc.source, doc.split, "chars")] += len(doc.text)
+        self.splits[(doc.source, doc.split, "bytes")] += len(doc.text.encode("utf-8"))
+        lang = doc.meta.get("lang")
+        if lang:
+            self.langs[(doc.source, lang)] += 1
+        for kind, n in (doc.meta.get("pii") or {}).items():
+            self.pii[(doc.source, kind)] += n
 
 
 def check_invariant(name: str, block: dict[str, Any]) -> None:
@@ -35,49 +41,93 @@ def check_invariant(name: str, block: dict[str, Any]) -> None:
         )
 
 
+def _source_block(name: str, files: int, ledger: Ledger, kept: KeptStats) -> dict[str, Any]:
+    splits = {
+        split: {key: kept.splits[(name, split, key)] for key in ("documents", "chars", "bytes")}
+        for split in SPLITS
+    }
+    block: dict[str, Any] = {
+        "documents_in": ledger.records_in[name],
+        "documents_kept": sum(s["documents"] for s in splits.values()),
+        DROPPED: {},
+        QUARANTINED: {},
+        "splits": splits,
+        "files": files,
+        "files_empty": ledger.files(name, "empty"),
+        "files_unreadable": ledger.files(name, "unreadable"),
+    }
+    for (kind, source, reason), n in sorted(ledger.reasons.items()):
+        if source == name:
+            block[kind][reason] = n
+    langs = {lang: n for (source, lang), n in kept.langs.most_common() if source == name}
+    if langs:
+        block["languages"] = langs
+    pii = {kind: n for (source, kind), n in sorted(kept.pii.items()) if source == name}
+    if pii:
+        block["pii"] = pii
+    return block
+
+
+def _steps(ledger: Ledger, step_names: list[str], sources: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for step in ["read", *step_names]:
+        row: dict[str, Any] = {"step": step}
+        for kind in ("in", "out"):
+            row[kind] = sum(ledger.steps[(step, s, kind)] for s in sources)
+        for kind in ("in", "out"):
+            row[f"chars_{kind}"] = sum(ledger.chars[(step, s, kind)] for s in sources)
+        if step == "read":  # the characters of unreadable records are unknown
+            row["chars_in"] = None
+        row["sources"] = {
+            s: {
+                "in": ledger.steps[(step, s, "in")],
+                "out": ledger.steps[(step, s, "out")],
+                "chars_in": ledger.chars[(step, s, "in")],
+                "chars_out": ledger.chars[(step, s, "out")],
+            }
+            for s in sources
+        }
+        rows.append(row)
+    return rows
+
+
 def build_stats(
     sources: list[str],
     files: dict[str, int],
-    docs: list[Doc],
     ledger: Ledger,
+    kept: KeptStats,
     step_names: list[str],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    per_source = {name: _block() for name in sources}
-    for name in sources:
-        block = per_source[name]
-        block["documents_in"] = ledger.records_in[name]
-        block["files"] = files[name]
-        for status in ("empty", "unreadable"):
-            block[f"files_{status}"] = ledger.files[(name, status)]
-    for entry in ledger.entries:
-        counts = per_source[entry["source"]][entry["kind"]]
-        counts[entry["reason"]] = counts.get(entry["reason"], 0) + 1
-    for doc in docs:
-        block = per_source[doc.source]
-        block["documents_kept"] += 1
-        split = block["splits"][doc.split]
-        split["documents"] += 1
-        split["chars"] += len(doc.text)
-        split["bytes"] += len(doc.text.encode("utf-8"))
-
-    total = _block()
-    total["files"] = sum(files.values())
+    per_source = {name: _source_block(name, files[name], ledger, kept) for name in sources}
+    total: dict[str, Any] = {
+        "documents_in": 0,
+        "documents_kept": 0,
+        DROPPED: Counter(),
+        QUARANTINED: Counter(),
+        "splits": {split: Counter() for split in SPLITS},
+        "files": sum(files.values()),
+    }
     for block in per_source.values():
         total["documents_in"] += block["documents_in"]
         total["documents_kept"] += block["documents_kept"]
         for kind in (DROPPED, QUARANTINED):
-            for reason, n in block[kind].items():
-                total[kind][reason] = total[kind].get(reason, 0) + n
+            total[kind].update(block[kind])
         for split, figures in block["splits"].items():
-            for key, n in figures.items():
-                total["splits"][split][key] += n
-
+            total["splits"][split].update(figures)
+    total[DROPPED] = dict(sorted(total[DROPPED].items()))
+    total[QUARANTINED] = dict(sorted(total[QUARANTINED].items()))
+    total["splits"] = {
+        split: {key: figures[key] for key in ("documents", "chars", "bytes")}
+        for split, figures in total["splits"].items()
+    }
+    pii = Counter()
+    for (_, kind), n in kept.pii.items():
+        pii[kind] += n
+    if pii:
+        total["pii"] = dict(sorted(pii.items()))
     for name, block in per_source.items():
         check_invariant(f"source {name!r}", block)
     check_invariant("the run", total)
-    steps = [
-        {"step": name, "in": ledger.steps[(name, "in")], "out": ledger.steps[(name, "out")]}
-        for name in ["read", *step_names]
-    ]
+    steps = _steps(ledger, step_names, sources)
     return {**total, "sources": per_source, "steps": steps, **(extra or {})}

@@ -9,7 +9,9 @@ A pipeline is an ordered list of steps (see `curate.build_steps`). Two kinds:
   keep state across documents (id uniqueness, exact dedup, split; later MinHash, decontamination).
   It runs in the parent process after the worker results are gathered and sorted.
 
-Every step counts the documents it receives and passes on in the ledger, under its `name`.
+Every step counts the documents and characters it receives and passes on, per source, in the ledger
+under its `name`. Steps are plain objects over iterables of documents, so another engine (Ray, a
+cluster map) can call the same steps on its own batches.
 """
 
 from __future__ import annotations
@@ -59,12 +61,12 @@ Step = DocStep | CorpusStep
 
 def _counted(name: str, docs: Iterable[Doc], ledger: Ledger, key: str) -> Iterator[Doc]:
     for doc in docs:
-        ledger.steps[(name, key)] += 1
+        ledger.count(name, doc.source, key, len(doc.text))
         yield doc
 
 
 def run_steps(steps: list[Step], docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
-    """Chain the steps lazily; each one's in/out counts land in `ledger.steps`."""
+    """Chain the steps lazily; each one's in/out counts (documents, characters) land in the ledger."""
     stream: Iterable[Doc] = docs
     for step in steps:
         stream = _counted(

@@ -9,15 +9,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections import Counter
 from collections.abc import Iterable
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from smelt.data.document import Doc
+from smelt.data.document import DROP_SAMPLE_DOCS, Doc
 
 SCHEMA = pa.schema(
     [
@@ -63,18 +63,50 @@ def write_part(docs: list[Doc], path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_documents(docs: list[Doc], out_dir: Path, docs_per_part: int) -> list[Path]:
-    """Write docs (already in canonical order, `split` set) as parts; return the part paths."""
-    paths = []
-    ordered = sorted(docs, key=lambda d: (d.split, d.source_index))  # stable: keeps id order within
-    for (split, _), group in groupby(ordered, key=lambda d: (d.split, d.source_index)):
-        group_docs = list(group)
-        source = group_docs[0].source
-        for part, start in enumerate(range(0, len(group_docs), docs_per_part)):
-            path = out_dir / split / source / f"part-{part:05d}.parquet"
-            write_part(group_docs[start : start + docs_per_part], path)
-            paths.append(path)
-    return paths
+class PartWriter:
+    """Streams documents (in canonical order, `split` set) into parts of `docs_per_part` documents per
+    split and source; only one source's buffers are open at a time, so memory is bounded by a part."""
+
+    def __init__(self, out_dir: Path, docs_per_part: int):
+        self.out_dir = out_dir
+        self.docs_per_part = docs_per_part
+        self.buffers: dict[tuple[str, str], list[Doc]] = {}
+        self.parts: dict[tuple[str, str], int] = {}
+        self.paths: list[Path] = []
+        self.source: str | None = None
+
+    def add(self, doc: Doc) -> None:
+        if doc.source != self.source:
+            self.flush_all()
+            self.source = doc.source
+        key = (doc.split, doc.source)
+        buffer = self.buffers.setdefault(key, [])
+        buffer.append(doc)
+        if len(buffer) >= self.docs_per_part:
+            self._flush(key)
+
+    def _flush(self, key: tuple[str, str]) -> None:
+        docs = self.buffers.pop(key, [])
+        if not docs:
+            return
+        part = self.parts.get(key, 0)
+        self.parts[key] = part + 1
+        path = self.out_dir / key[0] / key[1] / f"part-{part:05d}.parquet"
+        write_part(docs, path)
+        self.paths.append(path)
+
+    def flush_all(self) -> None:
+        for key in sorted(self.buffers):
+            self._flush(key)
+
+
+def write_documents(docs: Iterable[Doc], out_dir: Path, docs_per_part: int) -> list[Path]:
+    """Write docs (in canonical order, `split` set) as parts; return the part paths."""
+    writer = PartWriter(out_dir, docs_per_part)
+    for doc in docs:
+        writer.add(doc)
+    writer.flush_all()
+    return writer.paths
 
 
 def _entry_key(entry: dict[str, Any]) -> tuple:
@@ -82,16 +114,20 @@ def _entry_key(entry: dict[str, Any]) -> tuple:
     return (entry["file"], -1 if line is None else line, entry["id"], entry["reason"])
 
 
-def write_quarantine(entries: list[dict[str, Any]], sources: list[str], out_dir: Path) -> None:
-    """One `<source>.jsonl` per source (possibly empty), entries sorted by file, line and id."""
+def write_quarantine(entries: Iterable[dict[str, Any]], source: str, out_dir: Path) -> None:
+    """`quarantine/<source>.jsonl` (possibly empty): every quarantined and dropped record of the source,
+    sorted by file, line and id. Only the first DROP_SAMPLE_DOCS drops per step keep their full text."""
     directory = out_dir / QUARANTINE_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    by_source: dict[str, list[dict[str, Any]]] = {name: [] for name in sources}
-    for entry in entries:
-        by_source[entry["source"]].append(entry)
-    for name, items in by_source.items():
-        items.sort(key=_entry_key)
-        lines = [json.dumps(e, sort_keys=True, ensure_ascii=False) + "\n" for e in items]
-        tmp = directory / f"{name}.jsonl.tmp"
-        tmp.write_text("".join(lines), encoding="utf-8")
-        os.replace(tmp, directory / f"{name}.jsonl")
+    items = sorted(entries, key=_entry_key)
+    with_text: Counter = Counter()
+    for entry in items:
+        if "text" in entry:
+            with_text[entry.get("step")] += 1
+            if with_text[entry.get("step")] > DROP_SAMPLE_DOCS:
+                del entry["text"]
+    tmp = directory / f"{source}.jsonl.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for entry in items:
+            handle.write(json.dumps(entry, sort_keys=True, ensure_ascii=False) + "\n")
+    os.replace(tmp, directory / f"{source}.jsonl")
