@@ -49,6 +49,13 @@ def test_text_reader_quarantines_binary_and_latin1(tmp_path, write):
         assert ledger.records_in["t"] == 1 and ledger.files("t", "unreadable") == 1
 
 
+def test_text_reader_replaces_a_few_invalid_bytes(tmp_path, write):
+    write(tmp_path, {"speech.txt": ("Fellow citizens " * 40).encode() + b"caf\xe9.\n"})
+    (doc,), ledger = read(text_spec(tmp_path), tmp_path, "speech.txt")
+    assert doc.text.endswith("caf\ufffd.\n") and doc.meta == {"invalid_utf8": 1}
+    assert ledger.notes[("t", "utf8_replaced_records")] == 1 and not ledger.entries
+
+
 def test_text_reader_empty_file_status(tmp_path, write):
     write(tmp_path, {"zero.txt": "", "blank.txt": " \n\n\t"})
     for rel in ("zero.txt", "blank.txt"):
@@ -91,9 +98,15 @@ def test_jsonl_reader_fields_and_quarantine(tmp_path, name):
 
 
 def test_jsonl_default_id_and_bad_utf8(tmp_path):
-    (tmp_path / "x.jsonl").write_bytes(b'{"text": "a"}\n{"text": "caf\xe9"}\n')
+    long = b"x" * 300
+    (tmp_path / "x.jsonl").write_bytes(
+        b'{"text": "a"}\n{"text": "caf\xe9"}\n{"text": "' + long + b'\xe9 ok \xff\xfe"}\n'
+    )
     docs, ledger = read(ReadSpec("j", 0, "jsonl", str(tmp_path)), tmp_path, "x.jsonl")
-    assert [d.id for d in docs] == ["x.jsonl:1"]
+    assert [d.id for d in docs] == ["x.jsonl:1", "x.jsonl:3"]
+    # a few bad bytes in a long record: decoded with replacement and counted; mostly bad: quarantined
+    assert docs[1].text == "x" * 300 + "\ufffd ok \ufffd\ufffd" and docs[1].meta["invalid_utf8"] == 3
+    assert ledger.notes[("j", "utf8_replaced_records")] == 1
     assert [(e["id"], e["reason"]) for e in ledger.entries] == [("x.jsonl:2", "decode_error")]
 
 

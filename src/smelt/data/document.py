@@ -59,6 +59,7 @@ class Ledger:
     records_in: Counter = field(default_factory=Counter)  # source -> records seen by the readers
     file_status: dict[tuple[str, str], str] = field(default_factory=dict)  # (source, file) -> status
     samples: Counter = field(default_factory=Counter)  # (step, source) -> drops kept with full text
+    notes: Counter = field(default_factory=Counter)  # (source, what) -> n, e.g. utf8_replaced_records
     step: str = ""  # the step now running; DocStep.run sets it, so drop entries name their step
 
     @property
@@ -129,6 +130,7 @@ class Ledger:
         for (source, file), status in other.file_status.items():
             self.set_file_status(source, file, status)
         self.samples.update(other.samples)
+        self.notes.update(other.notes)
 
     def merge(self, other: Ledger) -> None:
         self.merge_counts(other)

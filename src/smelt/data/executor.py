@@ -149,12 +149,13 @@ def counts_to_json(ledger: Ledger) -> dict[str, Any]:
         "records_in": dict(ledger.records_in),
         "file_status": [[*k, v] for k, v in ledger.file_status.items()],
         "samples": [[*k, v] for k, v in ledger.samples.items()],
+        "notes": [[*k, v] for k, v in ledger.notes.items()],
     }
 
 
 def counts_from_json(data: dict[str, Any]) -> Ledger:
     ledger = Ledger()
-    for name in ("steps", "chars", "reasons", "samples"):
+    for name in ("steps", "chars", "reasons", "samples", "notes"):
         getattr(ledger, name).update({tuple(row[:-1]): row[-1] for row in data[name]})
     ledger.records_in = Counter(data["records_in"])
     for source, file, status in data["file_status"]:

@@ -25,6 +25,34 @@ from smelt.data.document import Doc, Ledger, preview
 from smelt.errors import UserError
 
 BATCH_ROWS = 1024
+# Above this share of invalid bytes a record is not UTF-8 with a few bad bytes but another encoding
+# (or binary): quarantined as decode_error rather than decoded into a field of replacement characters.
+MAX_INVALID_UTF8_SHARE = 0.01
+
+
+def decode_utf8(data: bytes) -> tuple[str, int]:
+    """(text, number of invalid byte sequences replaced by U+FFFD)."""
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        return text, text.count("\ufffd") - data.count("\ufffd".encode())
+
+
+def _decoded(
+    data: bytes, spec: ReadSpec, id: str, rel: str, line: int | None, ledger: Ledger
+) -> tuple[str | None, int]:
+    """Decode a record; quarantine it (and return None) when it is mostly not UTF-8."""
+    text, bad = decode_utf8(data)
+    if bad and bad > MAX_INVALID_UTF8_SHARE * max(1, len(text)):
+        ledger.quarantine(
+            spec.name, id, rel, line, "decode_error",
+            f"not UTF-8: {bad} invalid byte sequences in {len(data)} bytes (another encoding?)",
+        )  # fmt: skip
+        return None, bad
+    if bad:
+        ledger.notes[(spec.name, "utf8_replaced_records")] += 1
+    return text, bad
 
 
 @dataclass(frozen=True)
@@ -115,12 +143,13 @@ def _read_text(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict
         return
     if data.startswith(codecs.BOM_UTF8):
         data = data[len(codecs.BOM_UTF8) :]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        ledger.quarantine(spec.name, rel, rel, None, "decode_error", f"not UTF-8: {exc}", bytes=len(data))
+    text, bad = _decoded(data, spec, rel, rel, None, ledger)
+    if text is None:
         return
-    yield Doc(spec.name, spec.index, rel, text, rel)
+    doc = Doc(spec.name, spec.index, rel, text, rel)
+    if bad:
+        doc.meta["invalid_utf8"] = bad
+    yield doc
 
 
 def _open_jsonl(path: Path) -> io.BufferedIOBase:
@@ -178,10 +207,8 @@ def _jsonl_record(spec: ReadSpec, rel: str, number: int, raw: bytes, ledger: Led
     default_id = f"{rel}:{number}"
     if number == 1 and raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8) :]
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        ledger.quarantine(spec.name, default_id, rel, number, "decode_error", f"not UTF-8: {exc}")
+    line, bad = _decoded(raw, spec, default_id, rel, number, ledger)
+    if line is None:
         return None
     try:
         record = json.loads(line)
@@ -199,7 +226,10 @@ def _jsonl_record(spec: ReadSpec, rel: str, number: int, raw: bytes, ledger: Led
             preview=preview(line),
         )
         return None
-    return _make_doc(spec, rel, number, default_id, record, ledger)
+    doc = _make_doc(spec, rel, number, default_id, record, ledger)
+    if doc is not None and bad:
+        doc.meta["invalid_utf8"] = bad
+    return doc
 
 
 def _make_doc(

@@ -59,6 +59,9 @@ def _source_block(name: str, files: int, ledger: Ledger, kept: KeptStats) -> dic
     for (kind, source, reason), n in sorted(ledger.reasons.items()):
         if source == name:
             block[kind][reason] = n
+    notes = {what: n for (source, what), n in sorted(ledger.notes.items()) if source == name}
+    if notes:
+        block["notes"] = notes
     langs = {lang: n for (source, lang), n in kept.langs.most_common() if source == name}
     if langs:
         block["languages"] = langs
