@@ -90,6 +90,10 @@ class ReadSpec:
 
 def check_readable(spec: ReadSpec, files: list[Path]) -> None:
     """Fail early on inputs this installation cannot read at all."""
+    if spec.format in ("html", "warc"):
+        from smelt.data.extract import extractor
+
+        extractor(spec.extractor)  # raises UserError naming the package to install
     if spec.format == "jsonl" and importlib.util.find_spec("zstandard") is None:
         zst = [f for f in files if f.name.endswith(".zst")]
         if zst:
