@@ -4,7 +4,7 @@ Usage: python bench/tokenizer.py [VOCAB]   (default 8192; the shared data at ../
 
 Figures: training MB/s (BPE on the whole corpus as the sample), encoding MB/s in one process with one
 Rust thread (per core) for the GPT-4 and GPT-2 pre-tokenization regexes and for `encode_batch` vs
-`encode_batch_fast`, and `smelt tokenize` end to end (documents -> shards) with 1 and all workers.
+`encode_batch_fast` and smelt's tiktoken backend, and `smelt tokenize` end to end (documents -> shards) with 1 and all workers.
 """
 
 from __future__ import annotations
@@ -67,10 +67,15 @@ from smelt.tokenizer.train import build_tokenizer
 docs_dir, tok_dir, pattern, method = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 texts = [t for p in sorted(docs_dir.glob("train/*/part-*.parquet")) for t in pq.read_table(p).column("text").to_pylist()]
 size = sum(len(t.encode()) for t in texts)
-inner = Tokenizer.load(tok_dir).inner
+tokenizer = Tokenizer.load(tok_dir)
+inner = tokenizer.inner
 if pattern != "gpt4":  # same merges, another pre-tokenization regex
     inner.pre_tokenizer = build_tokenizer(pattern).pre_tokenizer
-encode = getattr(inner, method)
+if method == "tiktoken":  # smelt's default backend: NFC in Python, then tiktoken's BPE core
+    assert tokenizer.backend == "tiktoken"
+    encode = lambda batch, add_special_tokens: tokenizer.encode_batch(batch)  # noqa: E731
+else:
+    encode = getattr(inner, method)
 started = time.perf_counter()
 for i in range(0, len(texts), 1024):
     encode(texts[i : i + 1024], add_special_tokens=False)
@@ -113,7 +118,7 @@ def main() -> None:
         "train_mb_per_s": round(stats["sample_bytes"] / 1e6 / train_s, 2),
     }
     for pattern in ("gpt4", "gpt2"):
-        for method in ("encode_batch", "encode_batch_fast"):
+        for method in ("encode_batch", "encode_batch_fast", *(["tiktoken"] if pattern == "gpt4" else [])):
             figures[f"encode_mb_per_s_per_core_{pattern}_{method}"] = encode_one_core(
                 docs, root / "tok", pattern, method
             )

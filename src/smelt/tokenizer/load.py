@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,73 @@ from smelt.errors import UserError
 
 TOKENIZER_JSON = "tokenizer.json"
 SMELT_JSON = "smelt.json"
+# `auto`: encode with tiktoken's BPE core when the tokenizer is a plain byte-level BPE it can run and
+# it agrees with Hugging Face on the probes below (about 6x faster); `hf`: always Hugging Face.
+BACKEND_ENV = "SMELT_TOKENIZER_BACKEND"
+PROBES = (
+    "Hello world! It's 2024: 1234567 items, don't STOP'LL.",
+    "def f(x):\n\tif x:  \n\t\treturn  x\r\n\n\n    pass   ",
+    "日本語のテキストと中文，한국어 텍스트.",
+    "שלום עולם مرحبا بالعالم",
+    "e\u0301 cafe\u0301 Å ﬁ 🙂👩‍👩‍👧 ✓",
+    "text <|eos|> more <|bos|>\u00a0\u2003 spaces\t\t",
+    "   leading and trailing   \n\n",
+)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-unicode map that byte-level BPE vocabularies are spelled in."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def tiktoken_encoding(inner: tokenizers.Tokenizer) -> Any | None:
+    """A tiktoken Encoding with the same vocabulary, merges (as ranks: ids follow merge order in a
+    trained byte-level BPE) and pre-tokenization regex, or None when tiktoken is missing or the
+    tokenizer is not a plain NFC + regex split + byte-level BPE."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    data = json.loads(inner.to_str())
+    model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [])
+    normalizer = (data.get("normalizer") or {}).get("type")
+    plain = (
+        model.get("type") == "BPE"
+        and not model.get("dropout")
+        and not model.get("continuing_subword_prefix")
+        and not model.get("end_of_word_suffix")
+        and normalizer in (None, "NFC")
+        and [step.get("type") for step in steps] == ["Split", "ByteLevel"]
+        and steps[0].get("behavior") == "Isolated"
+        and not steps[0].get("invert")
+        and "Regex" in steps[0].get("pattern", {})
+        and not steps[1].get("use_regex")
+        and not steps[1].get("add_prefix_space")
+    )
+    if not plain:
+        return None
+    decoder = _byte_decoder()
+    try:
+        ranks = {bytes(decoder[ch] for ch in token): index for token, index in model["vocab"].items()}
+        specials = {added["content"]: added["id"] for added in data.get("added_tokens", [])}
+        return tiktoken.Encoding(
+            "smelt", pat_str=steps[0]["pattern"]["Regex"], mergeable_ranks=ranks, special_tokens=specials
+        )
+    except (KeyError, ValueError):  # a character outside the byte alphabet, or a regex tiktoken rejects
+        return None
 
 
 def tokenizer_hash(directory: str | Path) -> str:
@@ -39,6 +108,9 @@ class Tokenizer:
         self.vocab_size: int = int(info["vocab_size"])
         self.special_tokens: dict[str, int] = dict(info.get("special_tokens", {}))
         self.hash: str = str(info.get("hash", ""))
+        self.threads = 1  # tiktoken batch threads; the encoding pools provide the parallelism
+        self._fast: Any = None
+        self._fast_checked = False
         if inner.get_vocab_size(with_added_tokens=True) != self.vocab_size:
             raise UserError(
                 f"tokenizer in {directory}: tokenizer.json has {inner.get_vocab_size(with_added_tokens=True)} "
@@ -68,13 +140,40 @@ class Tokenizer:
 
     # -- encoding ---------------------------------------------------------------------------------
 
-    def encode(self, text: str) -> list[int]:
+    @property
+    def backend(self) -> str:
+        return "tiktoken" if self.fast_encoder() is not None else "hf"
+
+    def fast_encoder(self) -> Any | None:
+        """The tiktoken encoding when it is allowed and agrees token for token on the probes, else None."""
+        if not self._fast_checked:
+            self._fast_checked = True
+            if os.environ.get(BACKEND_ENV, "auto") != "hf":
+                fast = tiktoken_encoding(self.inner)
+                if fast is not None and all(self._fast_ids(fast, p) == self._hf_ids(p) for p in PROBES):
+                    self._fast = fast
+        return self._fast
+
+    def _hf_ids(self, text: str) -> list[int]:
         return self.inner.encode(text, add_special_tokens=False).ids
 
+    @staticmethod
+    def _fast_ids(fast: Any, text: str) -> list[int]:
+        # Added tokens are matched in the raw text, as Hugging Face does; NFC does not touch them.
+        return fast.encode(unicodedata.normalize("NFC", text), allowed_special="all")
+
+    def encode(self, text: str) -> list[int]:
+        fast = self.fast_encoder()
+        return self._fast_ids(fast, text) if fast is not None else self._hf_ids(text)
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Encode many texts at once (multi-threaded in Rust); no special tokens are added."""
-        fast = getattr(self.inner, "encode_batch_fast", None) or self.inner.encode_batch
-        return [enc.ids for enc in fast(list(texts), add_special_tokens=False)]
+        """Encode many texts at once; no special tokens are added."""
+        fast = self.fast_encoder()
+        if fast is not None:
+            normalized = [unicodedata.normalize("NFC", t) for t in texts]
+            return fast.encode_batch(normalized, num_threads=self.threads, allowed_special="all")
+        batch = getattr(self.inner, "encode_batch_fast", None) or self.inner.encode_batch
+        return [enc.ids for enc in batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int] | np.ndarray, skip_special_tokens: bool = False) -> str:
         if isinstance(ids, np.ndarray):
