@@ -22,9 +22,10 @@ from smelt.errors import UserError
 CONFIG_COMMANDS = [
     ("run", "all stages of a pipeline, skipping the ones that are up to date",
      "Run curate, tokenizer, tokenize, train and eval in order."),
-    ("curate", "raw files -> documents",
-     "Read the sources of [data], normalize, filter, deduplicate, split, and write "
-     "documents/<split>/<source>/part-NNNNN.parquet."),
+    ("curate", "raw files -> documents (and `curate quality-train`)",
+     "Read the sources of [data], extract, normalize, identify languages, filter, score, scrub PII, "
+     "deduplicate, split, and write documents/<split>/<source>/part-NNNNN.parquet. "
+     "`smelt curate quality-train CONFIG` trains the quality classifier that data.quality.model names."),
     ("tokenizer train", "train a byte-level BPE tokenizer on the train split",
      "Train byte-level BPE on a sample of the curated train split."),
     ("tokenize", "documents -> token shards",
@@ -101,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--split", default="val", help="documents split to measure on (default: val)")
         else:
             _add_config_args(sub.add_parser(name, help=help_text, description=description))
+    p = sub.add_parser(
+        "curate-quality-train",
+        help=argparse.SUPPRESS,
+        description="Train the quality classifier (hashed word n-gram logistic regression) on the "
+        "sources named by data.quality.positive_sources and negative_sources; then set "
+        "data.quality.model to the file it writes.",
+    )
+    _add_config_args(p)
+    p.add_argument("--out", default=None, help="model file (default: RUN/quality/model.safetensors)")
     export = sub.add_parser(
         "export", help="export a checkpoint for other tools", description="Export commands."
     )
@@ -184,6 +194,9 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["curate", "quality-train"]:  # a verb under `curate` that takes its own config
+        argv = ["curate-quality-train", *argv[2:]]
     args = parser.parse_args(argv)
     try:
         return _dispatch(args)
@@ -205,6 +218,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     command = args.command
     if command == "export":
         return _export_hf(args)
+    if command == "curate-quality-train":
+        return _quality_train(args)
     if command == "inspect" and args.inspect_command == "documents":
         return _inspect_documents(args)
     if command == "inspect":
@@ -244,6 +259,18 @@ def _dispatch(args: argparse.Namespace) -> int:
     outcome = run_stage(cfg, stage, force=args.force)
     _print_table([(k, v) for k, v in _flat(outcome.result).items()][:40])
     print(f"\n{stage}: {'up to date' if outcome.skipped else 'done'} -> {outcome.directory}")
+    return 0
+
+
+def _quality_train(args: argparse.Namespace) -> int:
+    from smelt.data.quality import train_quality
+
+    cfg = load_config(args.config, args.overrides)
+    out = Path(args.out) if args.out else cfg.run_dir / "quality" / "model.safetensors"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = train_quality(cfg, out)
+    _print_table([(k, v) for k, v in _flat(result).items()])
+    print(f"\nquality classifier -> {out}\nuse it: --set data.quality.model={json.dumps(str(out))}")
     return 0
 
 

@@ -74,6 +74,7 @@ def test_curate_end_to_end(tmp_path, write, source, config):
         "read",
         "normalize",
         "length_filter",
+        "pii",
         "unique_id",
         "exact_dedup",
         "split",

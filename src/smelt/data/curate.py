@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -33,13 +33,15 @@ from smelt.data.executor import iter_entries, iter_shard_docs, read_column, reso
 from smelt.data.filters import LengthFilter
 from smelt.data.ids import UniqueIds
 from smelt.data.normalize import Normalize
+from smelt.data.pii import Pii
 from smelt.data.plots import retention_svg
+from smelt.data.quality import QualityScore, top_fraction_cutoff
 from smelt.data.readers import ReadSpec, check_readable
 from smelt.data.shards import WorkShard, plan_shards, read_plan, write_plan
 from smelt.data.sources import resolve_all
 from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
 from smelt.data.stats import KeptStats, build_stats
-from smelt.data.steps import Step, run_steps, split_at_first_corpus_step
+from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
 from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
 from smelt.manifest import write_json
 from smelt.progress import log, progress
@@ -58,16 +60,37 @@ def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
 
 def build_steps(cfg: DataConfig) -> list[Step]:
     """The curation steps in design order; per-document steps first (they run in the map phase)."""
-    steps: list[Step] = [
+    steps: list[Step | None] = [
         Normalize(frozenset(s.name for s in cfg.sources if s.code)),
         LengthFilter(cfg.min_chars, cfg.max_chars),
+        QualityScore.from_config(cfg),
+        Pii.from_config(cfg),
         UniqueIds(),
+        ExactDedup() if cfg.exact_dedup else None,
+        # MinHash near-dedup and decontamination go here.
+        QualityTopFraction() if cfg.quality.model and cfg.quality.top_fraction < 1 else None,
+        Split(cfg.val_fraction, cfg.test_fraction),
     ]
-    if cfg.exact_dedup:
-        steps.append(ExactDedup())
-    # MinHash near-dedup and decontamination go here.
-    steps.append(Split(cfg.val_fraction, cfg.test_fraction))
-    return steps
+    return [step for step in steps if step is not None]
+
+
+class QualityTopFraction(CorpusStep):
+    """Keep the top `data.quality.top_fraction` of each scored source by quality score. The per-source
+    cutoffs come from the scores of all documents leaving the map phase (before dedup), set by `curate`."""
+
+    name = "quality_top_fraction"
+
+    def __init__(self) -> None:
+        self.cutoffs: dict[str, float] = {}
+
+    def run(self, docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
+        for doc in docs:
+            cutoff = self.cutoffs.get(doc.source)
+            score = doc.meta.get("quality")
+            if cutoff is not None and score is not None and score < cutoff:
+                ledger.drop(doc, "quality.top_fraction", step=self.name, score=score, cutoff=cutoff)
+                continue
+            yield doc
 
 
 def _fingerprint(cfg: DataConfig, resolved: dict[str, tuple[Path, list[Path]]]) -> str:
@@ -124,6 +147,9 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
         check_usable(source, root, len(files), ledger, entries_of)
 
     split_step = next(s for s in corpus_steps if isinstance(s, Split))
+    for step in corpus_steps:
+        if isinstance(step, QualityTopFraction):
+            step.cutoffs = _quality_cutoffs(shards, map_dir, cfg.quality.top_fraction)
     units = _docs_per_unit(shards, map_dir)
     split_step.forced = forced_units(units, cfg.val_fraction, cfg.test_fraction, cfg.min_split_docs)
     clear_outputs(out_dir, SPLITS)
@@ -154,6 +180,14 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
         f"identity in = kept + dropped + quarantined holds"
     )
     return stats
+
+
+def _quality_cutoffs(shards: list[WorkShard], map_dir: Path, fraction: float) -> dict[str, float]:
+    scores: dict[str, list[float]] = {}
+    for shard in shards:
+        values = [v for v in read_column(shard, map_dir, "quality") if v is not None]
+        scores.setdefault(shard.spec.name, []).extend(values)
+    return {name: top_fraction_cutoff(values, fraction) for name, values in scores.items() if values}
 
 
 def _docs_per_unit(shards: list[WorkShard], map_dir: Path) -> dict[str, Counter]:
