@@ -6,7 +6,8 @@ from smelt.config import DataConfig, SourceConfig
 
 
 def _source(name: str, root: Path | str, **kw) -> SourceConfig:
-    return SourceConfig(name=name, root=str(root), **kw)
+    """A source with no heuristic filters unless `filters` is given: most tests use tiny documents."""
+    return SourceConfig(name=name, root=str(root), **{"filters": [], **kw})
 
 
 def _config(*sources: SourceConfig, **kw) -> DataConfig:

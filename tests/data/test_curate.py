@@ -73,6 +73,7 @@ def test_curate_end_to_end(tmp_path, write, source, config):
     assert [s["step"] for s in stats["steps"]] == [
         "read",
         "normalize",
+        "language_id",
         "length_filter",
         "pii",
         "unique_id",
@@ -101,7 +102,8 @@ def test_curate_end_to_end(tmp_path, write, source, config):
         and meta["line"] == 2
         and meta["chars"] == len(docs[("web", "w1")]["text"])
     )
-    assert docs[("prose", "a.txt")]["url"] is None and docs[("prose", "a.txt")]["lang"] is None
+    assert docs[("prose", "a.txt")]["url"] is None and docs[("prose", "a.txt")]["lang"] == "en"
+    assert docs[("code", "m.py")]["lang"] is None  # code is not language-identified
 
     log = [json.loads(line) for line in (out / "quarantine" / "web.jsonl").read_text().splitlines()]
     dup = next(e for e in log if e["reason"] == "exact_duplicate")

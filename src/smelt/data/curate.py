@@ -30,8 +30,9 @@ from smelt.data.checks import check_usable
 from smelt.data.dedup.exact import ExactDedup
 from smelt.data.document import Doc, Ledger
 from smelt.data.executor import iter_entries, iter_shard_docs, read_column, resolve_workers, run_map
-from smelt.data.filters import LengthFilter
+from smelt.data.filters import FILTER_STEPS, LengthFilter
 from smelt.data.ids import UniqueIds
+from smelt.data.langid import LanguageId
 from smelt.data.normalize import Normalize
 from smelt.data.pii import Pii
 from smelt.data.plots import retention_svg
@@ -61,7 +62,9 @@ def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
 def build_steps(cfg: DataConfig) -> list[Step]:
     """The curation steps in design order; per-document steps first (they run in the map phase)."""
     steps: list[Step | None] = [
-        Normalize(frozenset(s.name for s in cfg.sources if s.code)),
+        Normalize.from_config(cfg),
+        LanguageId.from_config(cfg),
+        *(step.from_config(cfg) for step in FILTER_STEPS),
         LengthFilter(cfg.min_chars, cfg.max_chars),
         QualityScore.from_config(cfg),
         Pii.from_config(cfg),
