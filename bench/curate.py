@@ -37,7 +37,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def per_step(cfg) -> dict[str, float]:
     resolved = resolve_all(cfg.data)
-    specs = [(ReadSpec.of(s, i, resolved[s.name][0]), resolved[s.name][1]) for i, s in enumerate(cfg.data.sources)]
+    specs = [
+        (ReadSpec.of(s, i, resolved[s.name][0]), resolved[s.name][1]) for i, s in enumerate(cfg.data.sources)
+    ]
     figures: dict[str, float] = {}
     docs = []
     raw_bytes = {}
@@ -62,7 +64,9 @@ def per_step(cfg) -> dict[str, float]:
         if isinstance(step, DocStep) and step.name not in ("quality", "langid"):
             heuristic_bytes += size
             heuristic_s += seconds
-    figures["heuristic_doc_steps_mb_per_s_per_core"] = round(heuristic_bytes / 1e6 / max(heuristic_s, 1e-9), 2)
+    figures["heuristic_doc_steps_mb_per_s_per_core"] = round(
+        heuristic_bytes / 1e6 / max(heuristic_s, 1e-9), 2
+    )
     return figures
 
 

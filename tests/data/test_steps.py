@@ -133,4 +133,3 @@ def test_pipeline_split_point():
     a, b, c = A(), B(), A()
     assert split_at_first_corpus_step([a, b, c]) == ([a], [b, c])
     assert split_at_first_corpus_step([a, c]) == ([a, c], [])
-
