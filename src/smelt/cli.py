@@ -257,7 +257,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     outcome = run_stage(cfg, stage, force=args.force)
-    _print_table([(k, v) for k, v in _flat(outcome.result).items()][:40])
+    if stage == "curate":
+        from smelt.data.stats import retention_table
+
+        print(retention_table(outcome.result))
+        print(f"\nper source and reason: {outcome.directory / 'stats.json'}; plot: retention.svg")
+    else:
+        _print_table([(k, v) for k, v in _flat(outcome.result).items()][:40])
     print(f"\n{stage}: {'up to date' if outcome.skipped else 'done'} -> {outcome.directory}")
     return 0
 

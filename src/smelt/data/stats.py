@@ -134,3 +134,21 @@ def build_stats(
     check_invariant("the run", total)
     steps = _steps(ledger, step_names, sources)
     return {**total, "sources": per_source, "steps": steps, **(extra or {})}
+
+
+def retention_table(stats: dict[str, Any]) -> str:
+    """Per-step and per-source retention as aligned text: what survived and why the rest did not."""
+    lines = [f"{'step':<22} {'docs in':>9} {'docs out':>9} {'chars kept':>10}"]
+    for row in stats["steps"]:
+        kept = "" if not row.get("chars_in") else f"{100 * row['chars_out'] / row['chars_in']:.1f}%"
+        lines.append(f"{row['step']:<22} {row['in']:>9,} {row['out']:>9,} {kept:>10}")
+    lines.append("")
+    lines.append(f"{'source':<14} {'in':>7} {'kept':>7} {'kept %':>7}  removed (reason: documents)")
+    for name, block in stats["sources"].items():
+        n_in = block["documents_in"]
+        share = f"{100 * block['documents_kept'] / n_in:.1f}" if n_in else "-"
+        removed = {**block[DROPPED], **{f"quarantined:{k}": v for k, v in block[QUARANTINED].items()}}
+        top = ", ".join(f"{k}: {v}" for k, v in sorted(removed.items(), key=lambda kv: -kv[1])[:4])
+        more = f" (+{len(removed) - 4} more)" if len(removed) > 4 else ""
+        lines.append(f"{name:<14} {n_in:>7,} {block['documents_kept']:>7,} {share:>7}  {top}{more}")
+    return "\n".join(lines)
