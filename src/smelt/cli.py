@@ -101,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--split", default="val", help="documents split to measure on (default: val)")
         else:
-            _add_config_args(sub.add_parser(name, help=help_text, description=description))
+            p = sub.add_parser(name, help=help_text, description=description)
+            _add_config_args(p)
+            if name in ("curate", "tokenize"):
+                p.add_argument(
+                    "--workers", type=int, default=None, help="worker processes (default: the config's)"
+                )
     p = sub.add_parser(
         "curate-quality-train",
         help=argparse.SUPPRESS,
@@ -254,7 +259,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         _print_table(_eval_rows(outcome.result))
         return 0
     stage = {"curate": "curate", "tokenizer": "tokenizer", "tokenize": "tokenize", "train": "train"}[command]
-    cfg = load_config(args.config, args.overrides)
+    overrides = list(args.overrides)
+    if getattr(args, "workers", None) is not None:
+        overrides.append(f"{'data' if stage == 'curate' else 'tokens'}.workers={args.workers}")
+    cfg = load_config(args.config, overrides)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     outcome = run_stage(cfg, stage, force=args.force)
     if stage == "curate":
