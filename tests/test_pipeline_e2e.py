@@ -71,9 +71,19 @@ def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path):
     assert main(["export", "hf", str(run), "--checkpoint", "12345"]) == 2
     assert main(["inspect", "shards", str(run / "tokens"), "--source", "stdlib", "--length", "32"]) == 0
 
-    # An interrupted tokenize (no manifest yet) resumes from its finished shards instead of starting over.
+    # An interrupted tokenize (its attempt marker, no manifest yet) resumes from its finished shards;
+    # an interrupted attempt with another config starts over.
+    manifest = read_manifest(run / "tokens")
     (run / "tokens" / "manifest.json").unlink()
+    attempt = {"config_hash": "another config", "inputs": manifest["inputs"]}
+    (run / "tokens" / "attempt.json").write_text(json.dumps(attempt))
     assert main(["tokenize", str(QUICKSTART_CONFIG), *config]) == 0
+    assert read_manifest(run / "tokens")["result"]["resumed_shards"] == 0
+    (run / "tokens" / "manifest.json").unlink()
+    attempt["config_hash"] = manifest["config_hash"]
+    (run / "tokens" / "attempt.json").write_text(json.dumps(attempt))
+    assert main(["tokenize", str(QUICKSTART_CONFIG), *config]) == 0
+    assert not (run / "tokens" / "attempt.json").exists()
     assert read_manifest(run / "tokens")["result"]["resumed_shards"] >= 1
     assert read_manifest(run / "tokens")["outputs"] == first_outputs["tokens"]
 

@@ -107,15 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument(
                     "--workers", type=int, default=None, help="worker processes (default: the config's)"
                 )
-    p = sub.add_parser(
-        "curate-quality-train",
-        help=argparse.SUPPRESS,
-        description="Train the quality classifier (hashed word n-gram logistic regression) on the "
-        "sources named by data.quality.positive_sources and negative_sources; then set "
-        "data.quality.model to the file it writes.",
-    )
-    _add_config_args(p)
-    p.add_argument("--out", default=None, help="model file (default: RUN/quality/model.safetensors)")
     export = sub.add_parser(
         "export", help="export a checkpoint for other tools", description="Export commands."
     )
@@ -146,6 +137,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", type=int, default=0)
     p.add_argument("--start", type=int, default=0)
     p.add_argument("--length", type=int, default=256)
+    p = looks.add_parser(
+        "batches",
+        help="decode what the model sees at a training step, with sources and document boundaries",
+        description="Rebuild the loader of CONFIG (mixture, curriculum, shuffle, packing) and decode the "
+        "global batch of step N: the source of every row and where each document starts.",
+    )
+    _add_config_args(p)
+    p.add_argument("--step", type=int, required=True, help="optimizer step (1 is the first)")
+    p.add_argument("--rows", type=int, default=8, help="rows of the global batch to show (0: all)")
     p = looks.add_parser(
         "documents",
         help="read kept, dropped or quarantined documents with reasons and scores",
@@ -178,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("preset", help="preset name, e.g. llama-1b")
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
     p.add_argument("--vocab-size", type=int, default=32_768, help="vocabulary size (default: 32768)")
+    from smelt.plan import commands as plan_commands
+
+    plan_commands.add_parsers(sub, plans)
 
     p = sub.add_parser(
         "eval",
@@ -191,6 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quality_train_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="smelt curate quality-train",
+        description="Train the quality classifier (hashed word n-gram logistic regression) on the "
+        "sources named by data.quality.positive_sources and negative_sources; then set "
+        "data.quality.model to the file it writes.",
+    )
+    _add_config_args(p)
+    p.add_argument("--out", default=None, help="model file (default: RUN/quality/model.safetensors)")
+    p.set_defaults(command="curate-quality-train")
+    return p
+
+
 def _version() -> str:
     from smelt import __version__
 
@@ -198,11 +214,11 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["curate", "quality-train"]:  # a verb under `curate` that takes its own config
-        argv = ["curate-quality-train", *argv[2:]]
-    args = parser.parse_args(argv)
+        args = _quality_train_parser().parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return _dispatch(args)
     except UserError as exc:
@@ -219,7 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     from smelt.pipeline import STAGES, run_stage
+    from smelt.plan import commands as plan_commands
 
+    handled = plan_commands.run(args)
+    if handled is not None:
+        return handled
     command = args.command
     if command == "export":
         return _export_hf(args)
@@ -227,6 +247,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _quality_train(args)
     if command == "inspect" and args.inspect_command == "documents":
         return _inspect_documents(args)
+    if command == "inspect" and args.inspect_command == "batches":
+        from smelt.tokens.inspect import describe_batch
+
+        print(describe_batch(load_config(args.config, args.overrides), args.step, rows=args.rows))
+        return 0
     if command == "inspect":
         from smelt.tokens.inspect import describe_window
 

@@ -103,7 +103,9 @@ class GopherQualityConfig:
         0.1, range=(0.0, 100.0), help="# per word, and ellipses per word (each checked)"
     )
     max_bullet_lines_ratio: float = _opt(0.9, range=(0.0, 1.0), help="non-blank lines starting with a bullet")
-    max_ellipsis_lines_ratio: float = _opt(0.3, range=(0.0, 1.0), help="non-blank lines ending in an ellipsis")
+    max_ellipsis_lines_ratio: float = _opt(
+        0.3, range=(0.0, 1.0), help="non-blank lines ending in an ellipsis"
+    )
     min_alpha_words_ratio: float = _opt(0.8, range=(0.0, 1.0), help="share of words with a letter")
     min_stop_words: int = _opt(
         2, range=(0, 10**6), help="occurrences of the, be, to, of, and, that, have, with (English only)"

@@ -8,6 +8,7 @@ intact; then it is skipped and its recorded result is reused.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -31,7 +32,10 @@ STAGE_DIRS = {
 }
 # Stages that pick up an interrupted run where it stopped (per-shard completion markers) instead of
 # starting over; a finished stage whose config or inputs changed always starts from an empty directory.
-RESUMABLE_STAGES = ("curate", "tokenize")
+RESUMABLE_STAGES = ("curate", "tokenize", "train")
+# Written when a stage starts and removed when it ends: an interrupted stage resumes only when the
+# attempt it would continue had the same config and inputs.
+ATTEMPT = "attempt.json"
 # Which config sections decide each stage's output (its cache key, with its inputs).
 STAGE_SECTIONS = {
     "curate": ("data",),
@@ -65,6 +69,11 @@ def stage_dir(cfg: Config, stage: str) -> Path:
 
 def _stage_config(cfg: Config, stage: str) -> dict[str, Any]:
     config = {name: asdict(getattr(cfg, name)) for name in STAGE_SECTIONS[stage]}
+    if stage == "tokenize":  # the loader's keys (mixture, stages, FIM) do not change the shards
+        config["tokens"] = cfg.tokens.shard_settings()
+    if stage == "train":
+        config["tokens"] = cfg.tokens.loader_settings()
+        config["code_sources"] = sorted(s.name for s in cfg.data.sources if s.code)  # FIM's default
     if stage in ("tokenizer", "train", "eval"):
         config["seed"] = cfg.run.seed
     if stage == "eval":
@@ -97,7 +106,14 @@ def _common_root(files: list[Path]) -> str:
     return os.path.commonpath([str(f.parent) for f in files]) if files else "."
 
 
-def _execute(cfg: Config, stage: str, directory: Path) -> dict[str, Any]:
+def _read_attempt(directory: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((directory / ATTEMPT).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _execute(cfg: Config, stage: str, directory: Path, resume: bool = False) -> dict[str, Any]:
     run_dir = cfg.run_dir
     if stage == "curate":
         from smelt.data.curate import curate
@@ -116,7 +132,13 @@ def _execute(cfg: Config, stage: str, directory: Path) -> dict[str, Any]:
     if stage == "train":
         from smelt.train.trainer import train
 
-        return train(cfg, run_dir / STAGE_DIRS["tokenize"], run_dir / STAGE_DIRS["tokenizer"], directory)
+        return train(
+            cfg,
+            run_dir / STAGE_DIRS["tokenize"],
+            run_dir / STAGE_DIRS["tokenizer"],
+            directory,
+            resume="auto" if resume else None,
+        )
     if stage == "eval":
         from smelt.eval.heldout import evaluate_run
 
@@ -133,12 +155,16 @@ def run_stage(cfg: Config, stage: str, force: bool = False) -> StageOutcome:
         log(f"[{stage}] up to date, skipped ({directory})")
         return StageOutcome(stage, directory, True, 0.0, manifest.get("result", {}))
     log(f"[{stage}] running -> {directory}")
+    attempt = {"config_hash": spec.config_hash, "inputs": spec.inputs}
     interrupted = directory.exists() and spec.read_manifest() is None
-    if directory.exists() and not (interrupted and stage in RESUMABLE_STAGES):
+    resumable = interrupted and stage in RESUMABLE_STAGES and _read_attempt(directory) == attempt
+    if directory.exists() and not resumable:
         shutil.rmtree(directory)  # stale outputs would otherwise leak into the output hashes
     directory.mkdir(parents=True, exist_ok=True)
+    write_json(directory / ATTEMPT, attempt)
     started = time.time()
-    result = _execute(cfg, stage, directory)
+    result = _execute(cfg, stage, directory, resume=resumable)
+    (directory / ATTEMPT).unlink()
     manifest = spec.write_manifest(started, extra={"result": result})
     log(f"[{stage}] done in {manifest['wall_time_s']:.1f}s")
     return StageOutcome(stage, directory, False, manifest["wall_time_s"], result)

@@ -99,6 +99,11 @@ def test_score_does_not_depend_on_batch_size(run):
     sixteen = stream_nll(model, stream, seq_len=48, batch_size=16, device=torch.device("cpu"))
     assert one[1] == sixteen[1] == len(stream) - 1
     assert abs(one[0] - sixteen[0]) / one[0] < 1e-6
+    eos = tokenizer.eos_id
+    masked_1 = stream_nll(model, stream, seq_len=48, batch_size=1, device=torch.device("cpu"), eos_id=eos)
+    masked_16 = stream_nll(model, stream, seq_len=48, batch_size=16, device=torch.device("cpu"), eos_id=eos)
+    assert abs(masked_1[0] - masked_16[0]) / masked_1[0] < 1e-6
+    assert masked_1[0] != one[0]  # attention within documents scores differently from across them
 
 
 def test_max_bytes_caps_the_scored_documents(run):

@@ -63,3 +63,27 @@ def counting_stream(tmp_path) -> tuple[Path, np.ndarray]:
     # sorted source order: "a" comes before "b"
     make_stream(tmp_path / "tokens", "train", {"b": docs[5:], "a": docs[:5]}, shard_tokens=900)
     return tmp_path / "tokens", stream
+
+
+def random_documents(rng: np.random.Generator, n: int, low: int, high: int) -> list[np.ndarray]:
+    """n documents of random lengths in [low, high), tokens 10..999, each ending in EOS (1)."""
+    docs = []
+    for _ in range(n):
+        doc = rng.integers(10, 1000, int(rng.integers(low, high)))
+        doc[-1] = 1
+        docs.append(doc)
+    return docs
+
+
+@pytest.fixture(scope="session")
+def mixed(tmp_path_factory) -> Path:
+    """A train split of three sources of different sizes (web ~50k, code ~25k, math ~3k tokens)."""
+    rng = np.random.default_rng(7)
+    root = tmp_path_factory.mktemp("mixed") / "tokens"
+    sources = {
+        "web": random_documents(rng, 500, 2, 200),
+        "code": random_documents(rng, 100, 20, 480),
+        "math": random_documents(rng, 60, 5, 100),
+    }
+    make_stream(root, "train", sources, shard_tokens=4000)
+    return root

@@ -41,3 +41,37 @@ def test_token_frequencies(tokenizer_dir):
     freq = token_frequencies(np.asarray(ids, dtype=np.uint16), tok, top=3)
     assert freq["tokens"] == len(ids) and freq["special_share"] == pytest.approx(1 / len(ids), abs=1e-4)
     assert freq["top"][0]["count"] >= 3 and freq["distinct"] == len(set(ids))
+
+
+def test_describe_batch_decodes_the_step(tmp_path, documents, tokenizer_dir):
+    from smelt.config import config_from_dict
+    from smelt.tokens.inspect import describe_batch
+    from smelt.tokens.loader import TokenLoader
+
+    out = tmp_path / "tokens"
+    tokenize(TokensConfig(), documents, tokenizer_dir, out)
+    cfg = config_from_dict(
+        {
+            "model": {"max_seq_len": 32},
+            "train": {"seq_len": 32, "micro_batch": 2, "batch_tokens": 128, "tokens": 1280},
+            "tokens": {
+                "allow_repeat": True,
+                "stages": [
+                    {"name": "broad", "fraction": 0.5},
+                    {"name": "code-only", "fraction": 0.5, "mixture": {"code": 1}},
+                ],
+            },
+        }
+    )
+    text = describe_batch(cfg, 7, rows=2, tokens_dir=out, tokenizer_dir=tokenizer_dir)
+    assert text.startswith(
+        "step 7 of 10: stage 'code-only' (2 of 2, steps 6-10); global batch 4 sequences x 32"
+    )
+    assert "sources: code 4" in text and "row 1: code sequence" in text and "row 2" not in text
+    batch = TokenLoader.from_config(cfg, out, tokenizer_dir).global_batch(7)
+    tok = Tokenizer.load(tokenizer_dir)
+    assert tok.decode(batch.inputs[0, : int((batch.doc_ids[0] == batch.doc_ids[0, 0]).sum())]) in text
+    everything = describe_batch(cfg, 2, rows=0, tokens_dir=out, tokenizer_dir=tokenizer_dir)
+    assert everything.count("──────── row") == 4 and "document boundary (position" in everything
+    with pytest.raises(UserError, match=r"--step 11 is outside this run's steps 1..10"):
+        describe_batch(cfg, 11, tokens_dir=out, tokenizer_dir=tokenizer_dir)

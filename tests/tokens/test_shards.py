@@ -128,6 +128,12 @@ def test_shardset_reads_across_shards_and_sources(counting_stream):
     assert np.array_equal(shards.document_starts(), [0, 37, 500, 1234, 3000, 5000, 5001, 7777])
     only_b = ShardSet(tokens_dir, "train", "b")
     assert np.array_equal(only_b.read(0, 10_000), stream[5000:])
+    selected = shards.select("b")  # the same view without opening and verifying the shards again
+    assert selected.sources == ["b"] and selected.total_tokens == only_b.total_tokens
+    assert np.array_equal(selected.read(0, 10_000), stream[5000:])
+    assert np.array_equal(selected.document_starts(), [0, 1, 2777])
+    with pytest.raises(UserError, match="no token shards for source 'c'"):
+        shards.select("c")
     with pytest.raises(UserError, match="no token shards for split 'val'.*splits present: train"):
         ShardSet(tokens_dir, "val")
 

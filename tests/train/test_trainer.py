@@ -1,5 +1,6 @@
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +8,8 @@ import pytest
 import torch
 
 from smelt.checkpoint import latest_checkpoint, load_model, read_meta
-from smelt.config import config_from_dict
+from smelt.config import StageConfig, config_from_dict
+from smelt.errors import UserError
 from smelt.model.transformer import Transformer
 from smelt.train.trainer import train
 
@@ -15,7 +17,7 @@ VOCAB = 384  # 256 + 128 padding
 EOS = 257
 
 
-def write_split(tokens_dir: Path, split: str, n_docs: int, seed: int) -> None:
+def write_split(tokens_dir: Path, split: str, n_docs: int, seed: int, source: str = "synth") -> None:
     """Synthetic documents of counting sequences (learnable), as flat uint16 shards with an .idx."""
     rng = np.random.default_rng(seed)
     docs = []
@@ -23,7 +25,7 @@ def write_split(tokens_dir: Path, split: str, n_docs: int, seed: int) -> None:
         start, step, length = rng.integers(0, 256), rng.integers(1, 4), rng.integers(20, 120)
         docs.append(np.append((start + step * np.arange(length)) % 256, EOS))
     offsets = np.cumsum([0] + [len(d) for d in docs[:-1]]).astype("<i8")
-    out = tokens_dir / split / "synth"
+    out = tokens_dir / split / source
     out.mkdir(parents=True, exist_ok=True)
     np.concatenate(docs).astype("<u2").tofile(out / "00000.bin")
     offsets.tofile(out / "00000.idx")
@@ -100,14 +102,32 @@ def test_train_end_to_end(data, tmp_path):
         "clipped",
         "tokens_per_s",
         "mfu",
+        "stage",
+        "loader_wait_s",
+        "loader_wait_share",
         "elapsed_s",
     }
+    assert all(r["stage"] == "main" and 0 <= r["loader_wait_share"] < 1 for r in train_lines)
     assert abs(first["loss"] - math.log(VOCAB)) < 0.1  # step-0 loss
     assert train_lines[-1]["loss"] < first["loss"]
     evals = [r for r in lines if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [5, 10, 12] and all(r["val_loss"] > 0 for r in evals)
-    events = [(r["event"], r["step"]) for r in lines if r["kind"] == "event"]
-    assert events == [("start", 0), ("checkpoint", 4), ("checkpoint", 8), ("checkpoint", 12), ("end", 12)]
+    events = [(r["event"], r["step"]) for r in lines if r["kind"] == "event" and r["event"] != "mixture"]
+    assert events == [
+        ("start", 0),
+        ("data_plan", 0),
+        ("stage", 0),
+        ("checkpoint", 4),
+        ("checkpoint", 8),
+        ("checkpoint", 12),
+        ("end", 12),
+    ]
+    plan = next(r for r in lines if r.get("event") == "data_plan")
+    assert plan["sources"]["synth"]["consumed"] == 12 * 8 and plan["stages"][0]["tokens"] == 12 * 256
+    windows = [
+        r for r in lines if r.get("event") == "mixture"
+    ]  # 8 sequences a step: every 125 steps, and the last
+    assert [w["step"] for w in windows] == [12] and windows[0]["realized"] == {"synth": 1.0}
     assert summary["final_val_loss"] == evals[-1]["val_loss"]
 
     # keep_last=1 plus the final: step 8 and step 12 survive, step 4 is pruned
@@ -116,7 +136,7 @@ def test_train_end_to_end(data, tmp_path):
     final = latest_checkpoint(out / "checkpoints")
     assert str(final) == summary["checkpoint"]
     meta = read_meta(final)
-    assert meta["step"] == 12 and meta["tokens"] == 12 * 256 and meta["loader"]["cursor"] > 0
+    assert meta["step"] == 12 and meta["tokens"] == 12 * 256 and meta["loader"]["cursors"] == {"synth": 96}
     assert meta["vocab_size"] == VOCAB and len(meta["config_hash"]) == 64
     assert {"train_state.pt", ".metadata"} <= set(meta["checksums"])
 
@@ -200,3 +220,83 @@ def test_z_loss_is_optimized_but_the_logged_loss_is_cross_entropy(data, tmp_path
     assert first[0]["loss"] == first[1]["loss"]  # same weights, same batch: the same cross-entropy
     last = [[m for m in read_metrics(tmp_path / name) if m["kind"] == "train"][-1] for name in ("plain", "z")]
     assert last[0]["loss"] != last[1]["loss"]  # the z term changed the updates
+
+
+TIMING = ("tokens_per_s", "mfu", "loader_wait_s", "loader_wait_share", "elapsed_s")
+
+
+def train_figures(records: list[dict], after: int) -> list[dict]:
+    """Train lines after step `after`, without the timing figures (which differ run to run)."""
+    return [
+        {k: v for k, v in r.items() if k not in TIMING}
+        for r in records
+        if r["kind"] == "train" and r["step"] > after
+    ]
+
+
+def test_resume_across_a_stage_boundary_replays_nothing(data, tmp_path):
+    tokens, tokenizer = data
+    write_split(tokens, "train", 300, seed=5, source="other")
+    cfg = tiny_config(tokens=256 * 8, log_every=1, eval_every=0)
+    cfg.checkpoint.every_steps, cfg.checkpoint.keep_last = 3, 5
+    cfg.tokens.mixture_window = 16  # windows of 2 steps: steps 3..4 straddle the checkpoint at step 3
+    cfg.tokens.stages = [
+        StageConfig(name="broad", fraction=0.5),
+        StageConfig(name="focus", fraction=0.5, mixture={"other": 3, "synth": 1}),
+    ]
+    full = train(cfg, tokens, tokenizer, tmp_path / "full")
+    assert full["stages"] == ["broad", "focus"] and full["resumed_from_step"] is None
+    reference = read_metrics(tmp_path / "full")
+    stages = [(r["step"], r["stage"]) for r in reference if r.get("event") == "stage"]
+    assert stages == [(0, "broad"), (4, "focus")]  # focus starts with step 5
+
+    run = tmp_path / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "step_0000003", run / "checkpoints" / "step_0000003")
+    resumed = train(cfg, tokens, tokenizer, run, resume="auto")
+    assert resumed["resumed_from_step"] == 3 and resumed["final_train_loss"] == full["final_train_loss"]
+    lines = read_metrics(run)
+    assert (
+        lines[0]["event"] == "resume" and lines[0]["step"] == 3 and lines[0]["from"].endswith("step_0000003")
+    )
+    assert len(train_figures(lines, 3)) == 5
+    assert train_figures(lines, 3) == train_figures(reference, 3)  # the same batches: the same losses
+    mixture = [r for r in reference if r.get("event") == "mixture" and r["step"] > 3]
+    assert [r["step"] for r in mixture] == [4, 6, 8]
+    assert [r for r in lines if r.get("event") == "mixture"] == mixture
+    assert [r["stage"] for r in lines if r.get("event") == "stage"] == ["focus"]
+
+
+def test_resume_auto_without_checkpoint_starts_fresh_and_a_finished_run_is_an_error(data, tmp_path):
+    tokens, tokenizer = data
+    cfg = tiny_config(tokens=256 * 2, eval_every=0)
+    first = train(cfg, tokens, tokenizer, tmp_path / "run", resume="auto")
+    assert first["resumed_from_step"] is None
+    with pytest.raises(
+        UserError,
+        match=r"is at step 2, the end of this run \(2 steps\).*without resume or into another directory",
+    ):
+        train(cfg, tokens, tokenizer, tmp_path / "run", resume="auto")
+    with pytest.raises(UserError, match="no such checkpoint directory"):
+        train(cfg, tokens, tokenizer, tmp_path / "run", resume=tmp_path / "nowhere")
+
+
+@pytest.mark.parametrize("masking", [True, False])
+def test_doc_masking_feeds_document_boundaries(data, tmp_path, monkeypatch, masking):
+    tokens, tokenizer = data
+    seen = []
+    real_forward = Transformer.forward
+
+    def recording(self, idx, targets=None, **kw):
+        if self.training:
+            seen.append(kw.get("doc_ids"))
+        return real_forward(self, idx, targets, **kw)
+
+    monkeypatch.setattr(Transformer, "forward", recording)
+    train(tiny_config(tokens=256 * 2, eval_every=0, doc_masking=masking), tokens, tokenizer, tmp_path / "run")
+    assert len(seen) == 4  # 2 steps x 2 micro batches
+    if masking:
+        assert all(d is not None and d.shape == (4, 32) for d in seen)
+        assert any(int(d.max()) > 0 for d in seen)  # documents of 20..120 tokens: several per row
+    else:
+        assert all(d is None for d in seen)

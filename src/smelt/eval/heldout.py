@@ -23,6 +23,7 @@ from smelt.documents import read_texts
 from smelt.errors import UserError
 from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
 from smelt.manifest import combined_hash, write_json
+from smelt.model.transformer import doc_ids_from_tokens, position_ids_from_doc_ids
 from smelt.progress import progress
 
 TASK_SET_VERSION = "heldout-v1"
@@ -30,13 +31,19 @@ TASK_SET_VERSION = "heldout-v1"
 
 @torch.no_grad()
 def stream_nll(
-    model: torch.nn.Module, stream: np.ndarray, seq_len: int, batch_size: int, device: torch.device
+    model: torch.nn.Module,
+    stream: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    device: torch.device,
+    eos_id: int | None = None,
 ) -> tuple[float, int]:
     """Sum of token losses (nats, float64) over every token of `stream` but the first, and their count.
 
     Windows of seq_len + 1 tokens overlap by one token, so each token is a target exactly once; a
     window's losses do not depend on which other windows share its batch (padding is never attended
-    to by earlier positions and is excluded from the loss).
+    to by earlier positions and is excluded from the loss). With `eos_id`, attention stays within each
+    document (EOS-delimited) and positions restart per document, as in training with doc masking.
     """
     model.eval()
     starts = list(range(0, max(len(stream) - 1, 0), seq_len))
@@ -50,7 +57,11 @@ def stream_nll(
             inputs[row, : len(window) - 1] = window[:-1]
             targets[row, : len(window) - 1] = window[1:]
         inputs, targets = inputs.to(device), targets.to(device)
-        logits, _ = model(inputs)
+        docs = {}
+        if eos_id is not None:
+            doc_ids = doc_ids_from_tokens(inputs, eos_id)
+            docs = {"doc_ids": doc_ids, "position_ids": position_ids_from_doc_ids(doc_ids)}
+        logits, _ = model(inputs, **docs)
         losses = F.cross_entropy(
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none"
         )
@@ -70,8 +81,10 @@ def heldout_bits_per_byte(
     max_bytes: int = 0,
     split: str = "val",
     device: torch.device | None = None,
+    doc_masking: bool = False,
 ) -> dict[str, Any]:
-    """Loss and bits-per-byte of the model, gzip and xz, per source and over all sources of `split`."""
+    """Loss and bits-per-byte of the model, gzip and xz, per source and over all sources of `split`.
+    `doc_masking`: score with attention kept within documents (as a model trained that way sees text)."""
     from smelt.tokens.shards import ShardSet
 
     device = device or torch.device("cpu")
@@ -102,7 +115,7 @@ def heldout_bits_per_byte(
                     break
         end = int(starts[n_docs]) if n_docs < len(starts) else shards.total_tokens
         stream = np.concatenate([np.array([eos_id], dtype=np.int64), shards.read(0, end).astype(np.int64)])
-        nll, count = stream_nll(model, stream, seq_len, batch_size, device)
+        nll, count = stream_nll(model, stream, seq_len, batch_size, device, eos_id if doc_masking else None)
         data = b"".join(encoded[:n_docs])
         per_source[source] = _figures(nll, count, data, n_docs)
         all_bytes.append(data)
@@ -184,6 +197,7 @@ def evaluate_run(cfg: Config, run_dir: Path, out_dir: Path, checkpoint: str = "l
         cfg.train.seq_len,
         cfg.eval.batch_size,
         cfg.eval.max_bytes,
+        doc_masking=cfg.train.doc_masking,
     )
     gallery = samples(
         model,

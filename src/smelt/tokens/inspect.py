@@ -1,4 +1,4 @@
-"""Look inside token shards: decode a window with document boundaries marked, and count tokens."""
+"""Look inside token shards and training batches: decoded text with document boundaries marked."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from smelt.config import Config
 from smelt.errors import UserError
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokens.shards import ShardSet, shard_name
@@ -96,4 +97,63 @@ def describe_window(
     )
     lines = [header, "", "".join(pieces), ""]
     lines += summary("window", window) + [""] + summary(f"shard {name}", np.asarray(data.tokens))
+    return "\n".join(lines) + "\n"
+
+
+SEGMENT = "\n┄┄┄┄ document boundary (position {position}) ┄┄┄┄\n"
+
+
+def describe_batch(
+    cfg: Config,
+    step: int,
+    rows: int = 8,
+    tokens_dir: str | Path | None = None,
+    tokenizer_dir: str | Path | None = None,
+) -> str:
+    """Decode what the model sees at optimizer step `step` (1-based, as in metrics.jsonl): the stage,
+    the sources of the global batch, and the first `rows` rows (0: all) with their source, sequence,
+    epoch and document boundaries. For `smelt inspect batches CONFIG --step N`.
+
+    The batch is computed from the step alone (no replay), exactly as the trainer's loader makes it.
+    """
+    from smelt.tokens.loader import TokenLoader
+
+    tokens_dir = Path(tokens_dir) if tokens_dir is not None else cfg.run_dir / "tokens"
+    tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir is not None else cfg.run_dir / "tokenizer"
+    loader = TokenLoader.from_config(cfg, tokens_dir, tokenizer_dir, verify="size")
+    plan = loader.plan
+    if not 1 <= step <= plan.steps:
+        raise UserError(
+            f"--step {step} is outside this run's steps 1..{plan.steps:,} (train.tokens / train.batch_tokens); "
+            f"pick a step in that range."
+        )
+    tokenizer = Tokenizer.load(tokenizer_dir)
+    stage = plan.stage_at(step)
+    shown = plan.batch_size if rows <= 0 else min(rows, plan.batch_size)
+    batch = loader.rows(step, 0, shown)
+    counts = loader.source_counts(step)
+    mix = ", ".join(f"{name} {n}" for name, n in counts.items() if n)
+    lines = [
+        f"step {step:,} of {plan.steps:,}: stage {stage.name!r} ({stage.index + 1} of {len(plan.stages)}, steps "
+        f"{stage.first_step:,}-{stage.last_step:,}); global batch {plan.batch_size} sequences x {plan.seq_len} "
+        f"tokens; sources: {mix}",
+        f"(rank r of W trains on rows [r B/W, (r+1) B/W); showing rows 0..{shown - 1})",
+    ]
+    for row in range(shown):
+        doc_ids = batch.doc_ids[row].numpy()
+        starts = [0, *(np.flatnonzero(np.diff(doc_ids)) + 1).tolist()]
+        sequence = int(batch.sequences[row])
+        lines.append(
+            f"\n──────── row {row}: {batch.sources[row]} sequence {sequence} (epoch {int(batch.epochs[row])}), "
+            f"source tokens [{sequence * plan.seq_len:,}, {(sequence + 1) * plan.seq_len + 1:,}), "
+            f"{len(starts)} document segment(s){', FIM' if batch.fim[row] else ''} ────────"
+        )
+        tokens = batch.inputs[row].numpy()
+        pieces = []
+        for k, lo in enumerate(starts):
+            hi = starts[k + 1] if k + 1 < len(starts) else len(tokens)
+            if k:
+                pieces.append(SEGMENT.format(position=lo))
+            pieces.append(tokenizer.decode(tokens[lo:hi]))
+        lines.append("".join(pieces))
     return "\n".join(lines) + "\n"

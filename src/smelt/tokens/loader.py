@@ -1,149 +1,409 @@
-"""The training loader: seeded, sequence-level shuffled windows of a split's token stream, resumable in O(1).
+"""The training loader: mixture and curriculum, packed sequences, global shuffle, exact O(1) resume.
 
-The split's stream (all sources concatenated in sorted source order, documents joined by EOS) is cut
-into windows of seq_len + 1 tokens starting at 0, seq_len, 2 seq_len, ... (consecutive windows share
-their boundary token, so every token but the first is a target exactly once per epoch). Each epoch
-visits the windows in a permutation drawn from numpy's PCG64 seeded with (seed, epoch); rank r of W takes
-positions r, r + W, r + 2W, ... of that order, in batches of batch_size. Each rank gets the same number
-of batches per epoch (the few windows left over are dropped for that epoch only, a different few each
-epoch). The state is (epoch, cursor), so resuming is exact and costs nothing.
+Every optimizer step k (1-based, as in metrics.jsonl) has one global batch of B sequences of
+seq_len + 1 tokens, a pure function of (shards, [tokens] plan, seed, k):
+
+1. the data plan (`smelt.tokens.mixture`) says which stage step k is in and how many sequences each
+   source gives that stage;
+2. the stage's interleave (`smelt.tokens.schedule.Interleave`) says which source fills each of the
+   B positions, keeping every window's realized mixture within a fraction of a point of the target;
+3. the source's n-th sequence of the run is window permute(n mod N, epoch = n div N) of that source
+   (a seeded bijection per source and epoch: a global shuffle, no repeats within an epoch);
+4. the window is read from the memory-mapped shards, optionally FIM-rewritten, and packed with its
+   document boundaries (`smelt.tokens.packing`).
+
+Rank r of w takes rows [r B/w, (r+1) B/w) of the global batch, in micro batches of `micro_batch`
+rows: the global batch does not depend on the world size or the micro batch, so a run can resume on
+another number of processes and see the same data. Nothing grows with the run: the state is the step
+(plus per-source cursors and a fingerprint of the plan, to check a resume), and restoring it costs
+O(sources^2 log n). A background thread prepares the next steps (pinned when CUDA is present).
+
+`eval_windows` gives the fixed validation windows used by the trainer and the held-out evaluation.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import queue
+import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from smelt.errors import UserError
-from smelt.tokens.shards import ShardSet
+from smelt.config import Config, TokensConfig
+from smelt.errors import ConfigError, UserError
+from smelt.tokens.mixture import DataPlan, Stage, build_plan
+from smelt.tokens.packing import Batch, SourceStream, apply_fim, pack
+from smelt.tokens.schedule import name_key, permute
+from smelt.tokens.shards import ShardSet, list_sources
+
+STATE_VERSION = 2
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>")
 
 
-def epoch_permutation(seed: int, epoch: int, num_windows: int) -> np.ndarray:
-    return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(num_windows)
+@dataclass
+class StepData:
+    """What one rank trains on at one optimizer step."""
+
+    step: int
+    stage: Stage
+    micro: list[Batch]  # this rank's micro batches, in order
+    source_counts: dict[str, int]  # sequences per source in the whole global batch
 
 
 class TokenLoader:
+    """Global batches of a split's token shards, per the data plan; see the module docstring."""
+
     def __init__(
         self,
-        tokens_dir: Path,
-        split: str,
+        tokens_dir: str | Path,
+        cfg: TokensConfig | None = None,
+        *,
         seq_len: int,
         batch_size: int,
-        seed: int,
+        steps: int,
+        seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        micro_batch: int = 0,
+        split: str = "train",
+        train_tokens: int | None = None,
+        fim_sources: list[str] | None = None,
+        fim_ids: tuple[int, int, int] | None = None,
+        verify: str = "checksum",
+        pin_memory: bool | None = None,
     ):
-        if seq_len < 1 or batch_size < 1:
-            raise ValueError(f"seq_len ({seq_len}) and batch_size ({batch_size}) must be positive")
+        """`batch_size`: global sequences per step; `micro_batch`: rows per micro batch (0: the whole
+        rank slice); `fim_sources`: sources FIM applies to when cfg.fim_rate > 0 (None: cfg.fim_sources)."""
+        cfg = cfg or TokensConfig()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
-        self.shards = ShardSet(tokens_dir, split)
+        if batch_size % world_size:
+            raise ConfigError(
+                f"the global batch of {batch_size} sequences does not split over {world_size} processes; "
+                f"make train.batch_tokens / train.seq_len a multiple of the world size."
+            )
+        self.per_rank = batch_size // world_size
+        self.micro_batch = micro_batch or self.per_rank
+        if self.per_rank % self.micro_batch:
+            raise ConfigError(
+                f"each process's {self.per_rank} sequences per step do not split into micro batches of "
+                f"train.micro_batch = {self.micro_batch}; pick a micro_batch that divides {self.per_rank}."
+            )
+        self.cfg = cfg
         self.split = split
         self.seq_len = seq_len
         self.batch_size = batch_size
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        total = self.shards.total_tokens
-        self.num_windows = max(0, (total - 1) // seq_len)
-        self.batches_per_epoch = self.num_windows // world_size // batch_size
-        if self.batches_per_epoch == 0:
-            need = seq_len * batch_size * world_size + 1
-            raise UserError(
-                f"split {split!r} has {total:,} tokens, too few for one batch: {world_size} rank(s) x "
-                f"batch {batch_size} x (seq_len {seq_len} + 1) needs at least {need:,}. Lower train.seq_len "
-                f"or train.micro_batch, or add more data to the {split!r} split."
+        self.pin_memory = torch.cuda.is_available() if pin_memory is None else pin_memory
+        shards = ShardSet(tokens_dir, split, verify=verify)
+        self.meta = shards.meta
+        self.sources = shards.sources
+        self.streams = [SourceStream(shards.select(name), seq_len) for name in self.sources]
+        sizes = {s.name: s.total_tokens for s in self.streams}
+        self.plan: DataPlan = build_plan(cfg, sizes, seq_len, batch_size, steps, seed, train_tokens)
+        self.fim_rate = cfg.fim_rate
+        self.fim_ids = fim_ids
+        self.fim_sources = sorted(cfg.fim_sources if fim_sources is None else fim_sources)
+        if self.fim_rate > 0:
+            unknown = sorted(set(self.fim_sources) - set(self.sources))
+            if unknown:
+                raise UserError(
+                    f"tokens.fim_sources names {', '.join(map(repr, unknown))}, not a source of the {split!r} "
+                    f"shards ({', '.join(self.sources)}); fix tokens.fim_sources."
+                )
+            if not self.fim_sources:
+                raise UserError(
+                    f"tokens.fim_rate = {self.fim_rate} but no source gets FIM: list the code sources in "
+                    f"tokens.fim_sources or mark them code = true in [[data.sources]], or set tokens.fim_rate = 0."
+                )
+            if fim_ids is None:
+                raise UserError(
+                    f"tokens.fim_rate = {self.fim_rate} needs the tokenizer's FIM tokens {', '.join(FIM_TOKENS)}, "
+                    f"which it does not have: set tokenizer.fim_tokens = true and retrain the tokenizer (and "
+                    f"re-tokenize), or set tokens.fim_rate = 0."
+                )
+        self._fim = [name in self.fim_sources and self.fim_rate > 0 for name in self.sources]
+        self._bos = int(self.meta["bos_id"]) if cfg.bos and "bos_id" in self.meta else None
+        self._name_keys = [name_key(name) for name in self.sources]
+        self.step = 0  # optimizer steps consumed
+        self._schedule: tuple[int, np.ndarray, np.ndarray] | None = None
+        self.prefetch = cfg.prefetch
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue | None = None
+        self._stop = threading.Event()
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: Config,
+        tokens_dir: str | Path,
+        tokenizer_dir: str | Path | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        verify: str = "checksum",
+    ) -> TokenLoader:
+        """The training loader of a pipeline config (global batch = train.batch_tokens / seq_len)."""
+        tc = cfg.train
+        batch_tokens = tc.batch_tokens or tc.seq_len * tc.micro_batch * world_size
+        if batch_tokens % tc.seq_len:
+            raise ConfigError(
+                f"train.batch_tokens = {batch_tokens} is not a multiple of train.seq_len = {tc.seq_len}; "
+                f"use a whole number of sequences."
             )
-        self.epoch = 0
-        self.cursor = 0  # batches this rank has taken in the current epoch
-        self._perm_epoch = -1
-        self._mine: np.ndarray | None = None
+        fim_ids = read_fim_ids(tokenizer_dir) if tokenizer_dir is not None else None
+        fim_sources = cfg.tokens.fim_sources or [s.name for s in cfg.data.sources if s.code]
+        if not cfg.tokens.fim_sources:
+            present = set(list_sources(tokens_dir, "train"))
+            fim_sources = [s for s in fim_sources if s in present]
+        return cls(
+            tokens_dir,
+            cfg.tokens,
+            seq_len=tc.seq_len,
+            batch_size=batch_tokens // tc.seq_len,
+            steps=math.ceil(tc.tokens / batch_tokens),
+            seed=cfg.run.seed,
+            rank=rank,
+            world_size=world_size,
+            micro_batch=tc.micro_batch,
+            train_tokens=tc.tokens,
+            fim_sources=fim_sources,
+            fim_ids=fim_ids,
+            verify=verify,
+        )
 
-    # -- sizes --------------------------------------------------------------------------------------
+    # -- the schedule (cheap: no token is read) -------------------------------------------------------
 
-    @property
-    def sequences_per_epoch(self) -> int:
-        """Sequences all ranks together consume in one epoch."""
-        return self.batches_per_epoch * self.batch_size * self.world_size
+    def stage_at(self, step: int) -> Stage:
+        """The curriculum stage of optimizer step `step` (1-based)."""
+        return self.plan.stage_at(step)
 
-    @property
-    def tokens_per_epoch(self) -> int:
-        """Target tokens all ranks together consume in one epoch."""
-        return self.sequences_per_epoch * self.seq_len
+    def schedule(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source index, run-wide sequence number within that source) of each row of step's global batch."""
+        cached = self._schedule
+        if cached is not None and cached[0] == step:
+            return cached[1], cached[2]
+        stage = self.plan.stage_at(step)
+        start = (step - stage.first_step) * self.batch_size
+        source, j = stage.interleave.slice(start, start + self.batch_size)
+        offsets = np.array([stage.offsets[s] for s in self.sources], dtype=np.int64)
+        number = offsets[source] + j
+        self._schedule = (step, source, number)  # micro batches of one step share it
+        return source, number
 
-    @property
-    def total_tokens(self) -> int:
-        return self.shards.total_tokens
+    def source_counts(self, step: int) -> dict[str, int]:
+        source, _ = self.schedule(step)
+        counts = np.bincount(source, minlength=len(self.sources))
+        return {name: int(c) for name, c in zip(self.sources, counts, strict=True)}
 
-    # -- batches ------------------------------------------------------------------------------------
+    def cursors(self, step: int) -> dict[str, int]:
+        """Sequences each source has given after `step` steps (0 <= step <= plan steps)."""
+        if step == 0:
+            return dict.fromkeys(self.sources, 0)
+        stage = self.plan.stage_at(step)
+        done = stage.interleave.cursors((step - stage.first_step + 1) * self.batch_size)
+        return {s: stage.offsets[s] + done[i] for i, s in enumerate(self.sources)}
 
-    def _windows(self) -> np.ndarray:
-        """This rank's window indices for the current epoch, in order."""
-        if self._perm_epoch != self.epoch:
-            perm = epoch_permutation(self.seed, self.epoch, self.num_windows)
-            usable = self.batches_per_epoch * self.batch_size * self.world_size
-            self._mine = perm[:usable][self.rank :: self.world_size]
-            self._perm_epoch = self.epoch
-        assert self._mine is not None
-        return self._mine
+    # -- batches --------------------------------------------------------------------------------------
 
-    def next_batch_windows(self) -> np.ndarray:
-        """The window indices of the next batch (advances the state)."""
-        if self.cursor >= self.batches_per_epoch:
-            self.epoch += 1
-            self.cursor = 0
-        windows = self._windows()[self.cursor * self.batch_size : (self.cursor + 1) * self.batch_size]
-        self.cursor += 1
-        return windows
+    def rows(self, step: int, lo: int, hi: int) -> Batch:
+        """Rows [lo, hi) of step's global batch, read and packed."""
+        source, number = self.schedule(step)
+        source, number = source[lo:hi], number[lo:hi]
+        windows = np.empty((hi - lo, self.seq_len + 1), dtype=np.int64)
+        sequences = np.empty(hi - lo, dtype=np.int64)
+        epochs = np.empty(hi - lo, dtype=np.int64)
+        fim = np.zeros(hi - lo, dtype=bool)
+        ends_rows, ends_positions = [], []
+        for index, stream in enumerate(self.streams):
+            mine = np.flatnonzero(source == index)
+            if not len(mine):
+                continue
+            n = stream.sequences
+            epoch, offset = np.divmod(number[mine], n)
+            seq = np.empty_like(offset)
+            for e in np.unique(epoch):
+                at = epoch == e
+                seq[at] = permute(offset[at], n, self.seed, stream.name, int(e))
+            sequences[mine], epochs[mine] = seq, epoch
+            for row, q in zip(mine.tolist(), seq.tolist(), strict=True):
+                stream.read(q, windows[row])
+            r, p = stream.boundaries(seq)
+            if self._fim[index]:
+                for k, row in enumerate(mine.tolist()):
+                    rng = np.random.default_rng(
+                        [self.seed, self._name_keys[index], int(epoch[k]), int(seq[k])]
+                    )
+                    fim[row] = apply_fim(
+                        windows[row],
+                        p[r == k],
+                        rng,
+                        self.fim_rate,
+                        self.cfg.fim_spm_rate,
+                        self.fim_ids,
+                        self._bos,
+                    )
+            ends_rows.append(mine[r])
+            ends_positions.append(p)
+        inputs, targets, doc_ids, position_ids, cu_seqlens = pack(
+            windows, np.concatenate(ends_rows), np.concatenate(ends_positions)
+        )
+        return Batch(
+            inputs.contiguous(),
+            targets.contiguous(),
+            doc_ids,
+            position_ids,
+            cu_seqlens,
+            sources=[self.sources[i] for i in source.tolist()],
+            sequences=sequences,
+            epochs=epochs,
+            fim=fim,
+        )
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(inputs, targets), both int64 [batch_size, seq_len]; targets are the inputs shifted by one."""
-        windows = self.next_batch_windows()
-        span = self.seq_len + 1
-        rows = np.empty((len(windows), span), dtype=np.int64)
-        for row, window in enumerate(windows.tolist()):
-            rows[row] = self.shards.read(window * self.seq_len, span)
-        data = torch.from_numpy(rows)
-        return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    def global_batch(self, step: int) -> Batch:
+        """The whole global batch of `step` (every rank's rows): for inspection and tests."""
+        return self.rows(step, 0, self.batch_size)
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:
-            yield self.next_batch()
+    def step_data(self, step: int) -> StepData:
+        """This rank's micro batches for `step` (a pure function of the step)."""
+        if not 1 <= step <= self.plan.steps:
+            raise ValueError(f"step {step} is outside the data plan's steps 1..{self.plan.steps}")
+        first = self.rank * self.per_rank
+        micro = []
+        for lo in range(first, first + self.per_rank, self.micro_batch):
+            batch = self.rows(step, lo, lo + self.micro_batch)
+            micro.append(batch.pin_memory() if self.pin_memory else batch)
+        return StepData(step, self.plan.stage_at(step), micro, self.source_counts(step))
 
-    # -- state --------------------------------------------------------------------------------------
+    def next_step(self) -> StepData:
+        """The next step's data (from the prefetch thread when tokens.prefetch > 0); advances the state."""
+        if self.step >= self.plan.steps:
+            raise StopIteration(f"the data plan has {self.plan.steps} steps and all were consumed")
+        if self.prefetch <= 0:
+            data = self.step_data(self.step + 1)
+        else:
+            if self._thread is None:
+                self._start()
+            assert self._queue is not None
+            data = self._queue.get()
+            if isinstance(data, BaseException):
+                self.close()
+                raise data
+        if data.step != self.step + 1:
+            raise AssertionError(f"loader produced step {data.step}, expected {self.step + 1}")
+        self.step = data.step
+        return data
+
+    def __iter__(self) -> Iterator[StepData]:
+        while self.step < self.plan.steps:
+            yield self.next_step()
+
+    def _start(self) -> None:
+        self._stop = threading.Event()
+        self._queue = queue.Queue(maxsize=self.prefetch)
+        stop, out, first = self._stop, self._queue, self.step + 1
+
+        def put(item: Any) -> bool:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def work() -> None:
+            try:
+                for step in range(first, self.plan.steps + 1):
+                    if not put(self.step_data(step)):
+                        return
+            except BaseException as exc:  # handed to the consumer, raised there
+                put(exc)
+
+        self._thread = threading.Thread(target=work, name="smelt-loader", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the prefetch thread (the loader can be used again: it restarts at its step)."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+        self._thread, self._queue = None, None
+
+    # -- state ----------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        """O(sources) JSON: the step, where each source stands, and what the plan was."""
+        stage = self.plan.stage_at(max(self.step, 1))
         return {
-            "epoch": self.epoch,
-            "cursor": self.cursor,
+            "version": STATE_VERSION,
+            "split": self.split,
+            "step": self.step,
+            "stage": stage.name,
+            "tokens": self.step * self.batch_size * self.seq_len,
             "seed": self.seed,
             "seq_len": self.seq_len,
             "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "num_windows": self.num_windows,
-            "split": self.split,
+            "cursors": self.cursors(self.step),
+            "sources": {s.name: s.sequences for s in self.streams},
+            "plan": self.plan.fingerprint(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("seq_len", "num_windows"):
-            if key in state and state[key] != getattr(self, key):
-                raise UserError(
-                    f"cannot resume the {self.split!r} loader: the saved state has {key} = {state[key]} but "
-                    f"this run has {getattr(self, key)} (the token shards or train.seq_len changed). Resume "
-                    f"with the original data and seq_len, or start a fresh run."
-                )
-        epoch, cursor = int(state["epoch"]), int(state["cursor"])
-        old = (int(state.get("batch_size", self.batch_size)), int(state.get("world_size", self.world_size)))
-        if old != (self.batch_size, self.world_size):
-            # a different batch or world size: continue at the same global position of the epoch
-            consumed = cursor * old[0] * old[1]
-            cursor = -(-consumed // (self.batch_size * self.world_size))
-        self.epoch, self.cursor = epoch, cursor
-        self._perm_epoch = -1
+        """Continue exactly after the saved step; a state from other data or settings is a UserError."""
+        if state.get("version") != STATE_VERSION:
+            raise UserError(
+                f"cannot resume the {self.split!r} loader: the saved state has format version "
+                f"{state.get('version')}, this smelt writes {STATE_VERSION}. Start a fresh run (or resume with "
+                f"the smelt version that wrote the checkpoint)."
+            )
+        changes = [
+            f"{label} {state.get(key)} -> {value}"
+            for key, label, value in (
+                ("seq_len", "train.seq_len", self.seq_len),
+                ("batch_size", "global batch (train.batch_tokens / seq_len)", self.batch_size),
+                ("seed", "run.seed", self.seed),
+                (
+                    "sources",
+                    "sequences per source (the token shards)",
+                    {s.name: s.sequences for s in self.streams},
+                ),
+            )
+            if state.get(key) != value
+        ]
+        if not changes and state.get("plan") != self.plan.fingerprint():
+            changes.append("the data plan (tokens.mixture, tokens.epochs, tokens.stages or train.tokens)")
+        if changes:
+            raise UserError(
+                f"cannot resume the {self.split!r} loader exactly: {'; '.join(changes)} changed since the "
+                f"checkpoint. Resume with the original settings and shards, or start a fresh run."
+            )
+        step = int(state["step"])
+        if not 0 <= step <= self.plan.steps or state.get("cursors") != self.cursors(step):
+            raise UserError(
+                f"cannot resume the {self.split!r} loader: the saved cursors at step {step} do not match "
+                f"the data plan; the checkpoint's loader state is damaged. Use another checkpoint."
+            )
+        self.close()
+        self.step = step
+
+
+def read_fim_ids(tokenizer_dir: str | Path) -> tuple[int, int, int] | None:
+    """(prefix, middle, suffix) ids from the tokenizer's smelt.json, or None when it has no FIM tokens."""
+    path = Path(tokenizer_dir) / "smelt.json"
+    try:
+        specials = json.loads(path.read_text()).get("special_tokens", {})
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read the tokenizer's special tokens from {path} ({exc}).") from exc
+    ids = [specials.get(token) for token in FIM_TOKENS]
+    return None if None in ids else (int(ids[0]), int(ids[1]), int(ids[2]))
 
 
 def eval_windows(

@@ -206,7 +206,7 @@ class Shard:
                 f"shard index {self.idx_path} is {idx_size} bytes, not a positive multiple of 8; {FORCE_HINT}."
             )
         self.tokens = np.memmap(bin_path, dtype=dtype, mode="r")
-        self.offsets = np.fromfile(self.idx_path, dtype="<i8")
+        self.offsets = np.memmap(self.idx_path, dtype="<i8", mode="r")  # paged in on demand, not held
         n = len(self.tokens)
         if self.offsets[0] != 0 or self.offsets[-1] >= n or np.any(np.diff(self.offsets) <= 0):
             raise UserError(
@@ -234,6 +234,19 @@ def _check_shard(shard: Shard, entry: dict[str, Any], verify: str) -> None:
                 )
 
 
+def list_sources(tokens_dir: str | Path, split: str) -> list[str]:
+    """The sources of one split (sorted directory names); a missing split is a UserError."""
+    tokens_dir = Path(tokens_dir)
+    split_dir = tokens_dir / split
+    if not split_dir.is_dir():
+        available = sorted(p.name for p in tokens_dir.iterdir() if p.is_dir()) if tokens_dir.is_dir() else []
+        raise UserError(
+            f"no token shards for split {split!r} in {tokens_dir} (splits present: "
+            f"{', '.join(available) or 'none'}). Check the split name or re-run `smelt tokenize`."
+        )
+    return sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+
+
 class ShardSet:
     """The shards of `tokens_dir/<split>` (all sources, in sorted source order) or of one source.
 
@@ -254,15 +267,10 @@ class ShardSet:
         self.dtype = np.dtype(self.meta["dtype"]).newbyteorder("<")
         self.eos_id = int(self.meta["eos_id"])
         split_dir = self.tokens_dir / split
-        if not split_dir.is_dir():
-            available = sorted(p.name for p in self.tokens_dir.iterdir() if p.is_dir())
-            raise UserError(
-                f"no token shards for split {split!r} in {self.tokens_dir} (splits present: "
-                f"{', '.join(available) or 'none'}). Check the split name or re-run `smelt tokenize`."
-            )
         if source is None:
-            self.sources = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+            self.sources = list_sources(self.tokens_dir, split)
         else:
+            list_sources(self.tokens_dir, split)  # the split must exist
             if not (split_dir / source).is_dir():
                 raise UserError(f"no token shards for source {source!r} in {split_dir}.")
             self.sources = [source]
@@ -286,11 +294,27 @@ class ShardSet:
                     _check_shard(shard, recorded[name][bin_path.stem], verify)
                 self.shards.append(shard)
                 self.shard_sources.append(name)
+        self._index()
+
+    def _index(self) -> None:
         sizes = [len(s) for s in self.shards]
         self.starts = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64))).astype(np.int64)
         self.total_tokens = int(self.starts[-1])
         self._starts_list = self.starts.tolist()
         self._document_starts: np.ndarray | None = None
+
+    def select(self, source: str) -> ShardSet:
+        """The shards of one of this set's sources, as their own stream (already verified, same memmaps)."""
+        if source not in self.sources:
+            raise UserError(f"no token shards for source {source!r} in {self.tokens_dir / self.split}.")
+        view = object.__new__(ShardSet)
+        view.__dict__.update(self.__dict__)
+        view.source, view.sources = source, [source]
+        keep = [i for i, name in enumerate(self.shard_sources) if name == source]
+        view.shards = [self.shards[i] for i in keep]
+        view.shard_sources = [source] * len(keep)
+        view._index()
+        return view
 
     def __len__(self) -> int:
         return self.total_tokens

@@ -2,7 +2,12 @@
 
 Single process for now. The pieces that will change under torchrun (rank/world size, gradient
 synchronisation on the last micro step, rank-0-only writes) are marked, so DDP/FSDP can be added
-without restructuring.
+without restructuring. The data comes from `smelt.tokens.loader.TokenLoader`: step k's global batch
+is fixed by the data plan whatever the world size or micro batch, each micro batch carries its
+document boundaries (fed to the model for intra-document attention when train.doc_masking is on),
+and the loader's O(1) state goes into every checkpoint, so `resume` continues with exactly the
+batches an uninterrupted run would have seen. metrics.jsonl gets the data plan, stage changes, the
+realized mixture per window (with drift alerts) and the share of step time spent waiting for data.
 """
 
 from __future__ import annotations
@@ -19,11 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from smelt.checkpoint.store import prune_checkpoints, save_checkpoint
+from smelt.checkpoint.store import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
 from smelt.config import Config, TrainConfig, hash_json
 from smelt.errors import ConfigError, UserError
 from smelt.model.flops import count_params, flops_per_token
-from smelt.model.transformer import IGNORE_INDEX, Transformer
+from smelt.model.transformer import IGNORE_INDEX, Transformer, doc_ids_from_tokens, position_ids_from_doc_ids
 from smelt.progress import log, progress
 from smelt.train.optim import build_optimizer
 from smelt.train.precision import Precision, peak_flops, resolve_precision
@@ -96,12 +101,12 @@ def has_tokens(split_dir: Path) -> bool:
 class MetricsLog:
     """Append-only metrics.jsonl; each line is flushed so a crash loses nothing already logged."""
 
-    def __init__(self, path: Path, enabled: bool = True) -> None:
+    def __init__(self, path: Path, enabled: bool = True, append: bool = False) -> None:
         self.enabled = enabled
         self.file = None
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            self.file = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:
@@ -121,10 +126,13 @@ def evaluate(
     batch_size: int,
     precision: Precision,
     device: torch.device,
+    eos_id: int | None = None,
 ) -> tuple[float, int]:
     """Mean next-token loss over windows of up to seq_len + 1 tokens, and the number of tokens scored.
 
-    Short windows (the tail of the split) are padded; padded targets are ignored.
+    Short windows (the tail of the split) are padded; padded targets are ignored. With `eos_id` the
+    model attends within documents only, with positions restarting at each (as trained with
+    train.doc_masking).
     """
     was_training = model.training
     model.eval()
@@ -139,8 +147,12 @@ def evaluate(
             x[i, : len(w) - 1] = w[:-1]
             y[i, : len(w) - 1] = w[1:]
         x, y = x.to(device), y.to(device)
+        docs = {}
+        if eos_id is not None:
+            doc_ids = doc_ids_from_tokens(x, eos_id)
+            docs = {"doc_ids": doc_ids, "position_ids": position_ids_from_doc_ids(doc_ids)}
         with precision.autocast():
-            _, losses = model(x, y, reduction="none")
+            _, losses = model(x, y, reduction="none", **docs)
         total += losses.double().sum().item()
         count += int((y != IGNORE_INDEX).sum())
 
@@ -173,9 +185,37 @@ def _json_safe(value: Any) -> bool:
         return False
 
 
-def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Train cfg.model on tokens_dir/train; write out_dir/metrics.jsonl and out_dir/checkpoints/step_NNNNNNN/; return a summary dict."""
+def _restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch_cpu"])
+    if device.type == "cuda" and "torch_cuda" in state:
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+def resolve_resume(resume: str | Path | None, checkpoints_dir: Path) -> Path | None:
+    """The checkpoint to resume from: None (fresh run), "auto" (the latest one, if any) or a path."""
+    if resume is None:
+        return None
+    if str(resume) == "auto":
+        return latest_checkpoint(checkpoints_dir)
+    path = Path(resume)
+    if not path.is_dir():
+        raise UserError(
+            f"cannot resume from {path}: no such checkpoint directory. Pass 'auto' or a step_NNNNNNN dir."
+        )
+    return path
+
+
+def train(
+    cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path, resume: str | Path | None = None
+) -> dict[str, Any]:
+    """Train cfg.model on tokens_dir/train; write out_dir/metrics.jsonl and out_dir/checkpoints/step_NNNNNNN/.
+
+    `resume`: None starts fresh; "auto" continues from the latest committed checkpoint under
+    out_dir/checkpoints when there is one; a checkpoint directory continues from it. A resumed run
+    restores weights, optimizer, RNG and loader state and appends to metrics.jsonl. Returns a summary.
+    """
     from smelt.tokens.loader import TokenLoader, eval_windows  # lazy: tokens/ is a sibling stage
+    from smelt.tokens.mixture import MixtureMonitor
 
     started = time.time()
     tokens_dir, tokenizer_dir, out_dir = Path(tokens_dir), Path(tokenizer_dir), Path(out_dir)
@@ -196,13 +236,17 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
             f"Run `smelt tokenize CONFIG` first, or check the tokens directory."
         )
     have_val = has_tokens(tokens_dir / "val")
+    eos_id = int(json.loads((tokens_dir / "meta.json").read_text())["eos_id"]) if tc.doc_masking else None
 
     torch.manual_seed(cfg.run.seed)
     model = Transformer(cfg.model, vocab_size).to(device)
     forward = torch.compile(model) if tc.compile else model
     optimizer = build_optimizer(model, tc, device)
     scaler = precision.grad_scaler()
-    loader = TokenLoader(tokens_dir, "train", tc.seq_len, tc.micro_batch, cfg.run.seed, rank, world_size)
+    loader = TokenLoader.from_config(cfg, tokens_dir, tokenizer_dir, rank, world_size)
+    data_plan = loader.plan
+    assert data_plan.steps == plan.steps and loader.per_rank // loader.micro_batch == plan.grad_accum
+    monitor = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
 
     params = count_params(cfg.model, vocab_size)
     flops_tok = flops_per_token(cfg.model, vocab_size, tc.seq_len)
@@ -210,20 +254,47 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
     warmup = warmup_steps(tc.warmup_tokens, tc.tokens, plan.batch_tokens, plan.steps)
     checkpoints_dir = out_dir / "checkpoints"
     config_dict = cfg.to_dict()
-    metrics = MetricsLog(out_dir / "metrics.jsonl", enabled=is_main)
+
+    start_step = 0
+    resume_from = resolve_resume(resume, checkpoints_dir)
+    if resume_from is not None:
+        ckpt_meta, train_state = load_training_state(resume_from, model, optimizer)
+        start_step = int(ckpt_meta["step"])
+        if start_step >= plan.steps:
+            raise UserError(
+                f"checkpoint {resume_from} is at step {start_step}, the end of this run ({plan.steps} steps): "
+                f"the run is complete. Train again without resume or into another directory (a longer run "
+                f"is a new data plan and learning-rate schedule, so it cannot continue this one exactly)."
+            )
+        loader.load_state_dict(train_state["loader"])
+        _restore_rng(train_state["rng"], device)
+        if scaler is not None and train_state.get("scaler"):
+            scaler.load_state_dict(train_state["scaler"])
+        monitor.resume(start_step + 1, loader.source_counts)
+
+    metrics = MetricsLog(out_dir / "metrics.jsonl", enabled=is_main, append=resume_from is not None)
+    start_tokens = start_step * plan.batch_tokens
     metrics.write({
-        "kind": "event", "step": 0, "tokens": 0, "event": "start", "steps": plan.steps,
+        "kind": "event", "step": start_step, "tokens": start_tokens,
+        "event": "start" if resume_from is None else "resume", "steps": plan.steps,
         "batch_tokens": plan.batch_tokens, "grad_accum": plan.grad_accum, "warmup_steps": warmup,
         "precision": precision.name, "device": str(device), "params_total": params["total"],
         "params_non_embedding": params["non_embedding"], "flops_per_token": flops_tok, "peak_flops": peak,
-        "world_size": world_size, "config_hash": hash_json(config_dict),
+        "world_size": world_size, "config_hash": hash_json(config_dict), "doc_masking": tc.doc_masking,
+        **({"from": str(resume_from)} if resume_from is not None else {}),
     })  # fmt: skip
+    if resume_from is None:
+        log(data_plan.table())
+        metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "data_plan", **data_plan.summary()})
+        for warning in data_plan.warnings:
+            log(f"warning: {warning}")
+            metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "warning", "message": warning})
 
     def run_eval(step: int) -> float | None:
         if not have_val:
             return None
         windows = eval_windows(tokens_dir, "val", tc.seq_len, max_tokens=tc.eval_tokens)
-        val_loss, scored = evaluate(forward, windows, tc.seq_len, tc.micro_batch, precision, device)
+        val_loss, scored = evaluate(forward, windows, tc.seq_len, tc.micro_batch, precision, device, eos_id)
         if scored == 0:
             return None
         metrics.write({"kind": "eval", "step": step, "tokens": step * plan.batch_tokens,
@@ -242,40 +313,54 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
             "precision": precision.name,
             "world_size": world_size,
         }
-        train_state = {"rng": _rng_state(device), "loader": loader_state}
+        train_state = {
+            "rng": _rng_state(device),
+            "loader": loader_state,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+        }
         path = save_checkpoint(checkpoints_dir, step, model, optimizer, meta, train_state)
         metrics.write({"kind": "event", "step": step, "tokens": step * plan.batch_tokens,
                        "event": "checkpoint", "path": str(path)})  # fmt: skip
         return path
 
-    if not have_val:
+    if not have_val and resume_from is None:
         note = f"no validation tokens under {tokens_dir / 'val'}; skipping validation"
         log(note)
         metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "note", "message": note})
 
     bar = progress(total=plan.steps, unit="step")
+    bar.update(start_step)
     window_losses: list[float] = []
-    window_time, train_time = 0.0, 0.0
+    window_time, window_wait, train_time, total_wait = 0.0, 0.0, 0.0, 0.0
     last_log_loss = float("nan")
     last_val: float | None = None
     summary_tps = 0.0
     model.train()
     try:
-        for step in range(1, plan.steps + 1):
+        for step in range(start_step + 1, plan.steps + 1):
             t0 = time.perf_counter()
+            data = loader.next_step()
+            wait = time.perf_counter() - t0
+            stage = data.stage
+            if step == stage.first_step:
+                metrics.write({"kind": "event", "step": step - 1, "tokens": (step - 1) * plan.batch_tokens,
+                               "event": "stage", "stage": stage.name, "index": stage.index,
+                               "first_step": stage.first_step, "last_step": stage.last_step,
+                               "weights": stage.weights})  # fmt: skip
             lr = lr_at(
                 step - 1, lr=tc.lr, warmup=warmup, total_steps=plan.steps, min_lr_ratio=tc.min_lr_ratio
             )
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum = torch.zeros((), device=device)
-            for _ in range(plan.grad_accum):
+            for micro in data.micro:
                 # Under DDP: no_sync() on all but the last micro step.
-                inputs, targets = loader.next_batch()
-                inputs = inputs.to(device, non_blocking=True)
-                targets = targets.to(device, non_blocking=True)
+                batch = micro.to(device, non_blocking=True)
+                docs = (
+                    {"doc_ids": batch.doc_ids, "position_ids": batch.position_ids} if tc.doc_masking else {}
+                )
                 with precision.autocast():
-                    _, parts = forward(inputs, targets, loss_parts=True)
+                    _, parts = forward(batch.inputs, batch.targets, loss_parts=True, **docs)
                 # Equal token counts per micro batch, so the mean of means is the batch mean. The logged
                 # loss is the cross-entropy; the optimized one adds the z-loss when model.z_loss > 0.
                 loss = parts["loss"] / plan.grad_accum
@@ -309,9 +394,13 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
             optimizer.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
             window_time += dt
+            window_wait += wait
             train_time += dt
+            total_wait += wait
             window_losses.append(loss_value)
             bar.update(1)
+            for event in monitor.update(step, data.source_counts):
+                metrics.write(event)
 
             if step == 1 or step % tc.log_every == 0 or step == plan.steps:
                 tps = len(window_losses) * plan.batch_tokens / max(window_time, 1e-9)
@@ -320,10 +409,12 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
                     "kind": "train", "step": step, "tokens": step * plan.batch_tokens, "loss": last_log_loss,
                     "lr": lr, "grad_norm": norm_value, "clipped": bool(tc.grad_clip > 0 and norm_value > tc.grad_clip),
                     "tokens_per_s": tps, "mfu": flops_tok * tps / peak if peak else None,
+                    "stage": stage.name, "loader_wait_s": window_wait / len(window_losses),
+                    "loader_wait_share": window_wait / max(window_time, 1e-9),
                     "elapsed_s": time.time() - started,
                 })  # fmt: skip
                 bar.set_postfix(loss=f"{last_log_loss:.3f}", tok_s=f"{tps:,.0f}", refresh=False)
-                window_losses, window_time = [], 0.0
+                window_losses, window_time, window_wait = [], 0.0, 0.0
             if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
                 last_val = run_eval(step)
             if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
@@ -332,10 +423,11 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
         last_val = run_eval(plan.steps)
         final = checkpoint(plan.steps)
         prune_checkpoints(checkpoints_dir, cfg.checkpoint.keep_last, protect=(final,))
-        summary_tps = plan.tokens / max(train_time, 1e-9)
+        summary_tps = (plan.steps - start_step) * plan.batch_tokens / max(train_time, 1e-9)
         metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
                        "status": "ok", "wall_time_s": time.time() - started})  # fmt: skip
     finally:
+        loader.close()
         bar.close()
         metrics.close()
 
@@ -348,6 +440,9 @@ def train(cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path) -> 
         "final_val_loss": last_val,
         "tokens_per_s": summary_tps,
         "mfu": flops_tok * summary_tps / peak if peak else None,
+        "loader_wait_share": total_wait / max(train_time, 1e-9),
+        "stages": [stage.name for stage in data_plan.stages],
+        "resumed_from_step": start_step if resume_from is not None else None,
         "flops_per_token": flops_tok,
         "peak_flops": peak,
         "precision": precision.name,

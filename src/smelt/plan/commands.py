@@ -1,0 +1,510 @@
+"""The planning commands: `smelt plan budget|memory|batch`, `smelt scaling fit`, `smelt ladder`.
+
+cli.py hooks them in with two calls: `add_parsers(sub, plan_sub)` while it builds its parser, and
+`run(args)` at the top of its dispatch, which returns None for any command that is not one of these.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from smelt.errors import UserError
+
+_SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
+
+
+def number(text: str) -> float:
+    """A float that may use _ separators or a k/M/B/T suffix: 5e5, 500_000, 2T, 1.5B."""
+    cleaned = text.strip().replace("_", "").replace(",", "")
+    match = re.fullmatch(r"([-+0-9.eE]+)([kKMBGTP]?)", cleaned)
+    try:
+        if not match:
+            raise ValueError(text)
+        return float(match.group(1)) * _SUFFIX.get(match.group(2), 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 5e5, 500_000, 2T)") from None
+
+
+def _numbers(text: str) -> list[float]:
+    return [number(x) for x in text.split(",") if x.strip()]
+
+
+def _pair(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"{text!r} must be N,D, e.g. 7e9,1.4e11")
+    return number(parts[0]), number(parts[1])
+
+
+def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersAction) -> None:
+    """Add `plan budget|memory|batch` under `plan`, and the top-level `scaling fit` and `ladder`."""
+    from smelt.plan.budget import GPUS
+
+    gpu_names = ", ".join(GPUS)
+    p = plan_sub.add_parser(
+        "budget",
+        help="model size, tokens and days for a budget; inference-aware alternatives",
+        description="From dollars and a price per GPU-hour, GPU-hours, or FLOPs (with the device's peak and "
+        "the expected MFU) to compute C; the Chinchilla-optimal N and D (C = 6ND, D = 20N, or a fitted law's "
+        "split); the training time on G GPUs; and smaller models trained longer to the same loss, with the "
+        "inference FLOPs they save.",
+    )
+    p.add_argument("--dollars", type=number, help="budget in dollars (with --price-per-gpu-hour)")
+    p.add_argument("--price-per-gpu-hour", type=number, help="dollars per GPU-hour")
+    p.add_argument("--gpu-hours", type=number, help="budget in GPU-hours")
+    p.add_argument("--flops", type=number, help="budget in FLOPs")
+    p.add_argument("--gpu", choices=list(GPUS), help=f"device, for its dense BF16 peak ({gpu_names})")
+    p.add_argument("--peak-tflops", type=number, help="device peak in TFLOP/s (instead of --gpu)")
+    p.add_argument("--mfu", type=float, help="expected model FLOPs utilization, e.g. 0.35")
+    p.add_argument("--gpus", type=int, help="GPUs the run will use (for the training time)")
+    p.add_argument("--tokens-per-param", type=float, default=20.0, help="D / N (default 20, Chinchilla)")
+    p.add_argument("--law", default="epoch", help="loss law: epoch (default), chinchilla, or a fit.json")
+    p.add_argument("--law-split", action="store_true", help="size N and D by the law's optimum, not D = kN")
+    p.add_argument("--inference-tokens", type=number, default=0.0, help="tokens the model will serve")
+    p.add_argument("--unique-tokens", type=number, help="unique tokens in the data (warns past 4 epochs)")
+    p.add_argument("--batch-tokens", type=number, help="planned global batch (warns far above critical)")
+    p.add_argument("--json", dest="json_out", help="also write the plan as JSON to this path")
+
+    p = plan_sub.add_parser(
+        "memory",
+        help="per-GPU memory of a layout, or a TP/PP/DP layout for a cluster",
+        description="Per-GPU memory (weights, gradients, optimizer state, activations, overhead) of a preset "
+        "or config under DDP, ZeRO-1/2/3, tensor and pipeline parallelism and activation recompute. With "
+        "--gpus it recommends TP, PP, DP, micro batch and accumulation for the cluster.",
+    )
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--preset", help="model preset, e.g. llama-8b")
+    model.add_argument("--config", help="pipeline TOML whose [model] to use")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override the model, e.g. --set model.n_layers=48 (on a preset, a config, or the defaults)",
+    )
+    p.add_argument("--vocab-size", type=int, help="vocabulary (default: the config's, else 32768)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default: the config's or preset's)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per micro batch (layout mode)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, help="pipeline stages")
+    p.add_argument("--dp", type=int, help="data-parallel size (default: --gpus / (tp x pp), else 1)")
+    p.add_argument("--zero", type=int, default=None, help="0 DDP, 1, 2, 3 = FSDP (default 1 when DP > 1)")
+    p.add_argument("--recompute", default="selective", help="none, selective (default) or full")
+    p.add_argument("--precision", default="mixed", help="mixed (bf16 + fp32 master, default) or fp32")
+    p.add_argument("--no-sequence-parallel", action="store_true", help="TP without sequence parallelism")
+    p.add_argument("--overhead-gb", type=float, default=2.0, help="CUDA context, NCCL, allocator (GB)")
+    p.add_argument("--gpus", type=int, help="GPUs in the cluster: recommend a layout")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpu", choices=list(GPUS), help="device, for its memory")
+    p.add_argument("--gpu-memory", type=float, help="GB per GPU (default: --gpu's, else 80)")
+    p.add_argument("--global-batch-tokens", type=number, help="target global batch (default ~4M tokens)")
+    p.add_argument("--headroom", type=float, default=0.10, help="memory kept free (default 0.10)")
+    p.add_argument("--json", dest="json_out", help="also write the result as JSON to this path")
+
+    p = plan_sub.add_parser(
+        "batch",
+        help="learning rate for a new batch size (x sqrt(k)); critical batch",
+        description="Rescale the peak learning rate by sqrt(k) when the global batch grows k times, and "
+        "compare batches with Kaplan et al.'s critical-batch estimate at a given loss.",
+    )
+    p.add_argument("--batch-tokens", type=number, required=True, help="current global batch in tokens")
+    p.add_argument("--new-batch-tokens", type=number, help="new global batch in tokens")
+    p.add_argument("--lr", type=float, help="current peak learning rate")
+    p.add_argument("--loss", type=float, help="current (or expected) loss in nats/token")
+
+    scaling = sub.add_parser("scaling", help="fit scaling laws", description="Scaling-law commands.")
+    actions = scaling.add_subparsers(dest="scaling_command", metavar="ACTION", required=True)
+    p = actions.add_parser(
+        "fit",
+        help="fit L(N, D) = E + A/N^alpha + B/D^beta to runs or a CSV",
+        description="Fit L(N, D) = E + A/N^alpha + B/D^beta by Huber loss (delta 1e-3) on log-loss with "
+        "L-BFGS from Hoffmann et al.'s grid of starts (Approach 3), with bootstrap 95%% intervals; "
+        "optionally IsoFLOP profiles (Approach 2). Input: a CSV (columns N/params, D/tokens or C/flops, "
+        "loss) or smelt run directories (a ladder directory works). Writes fit.json and SVG plots.",
+    )
+    p.add_argument("inputs", nargs="+", metavar="FILE", help="a CSV file, or run / ladder directories")
+    p.add_argument("--drop-highest", type=int, default=0, help="drop the K highest-loss points first")
+    p.add_argument("--bootstrap", type=int, default=200, help="bootstrap resamples (0: none; default 200)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--isoflop", action="store_true", help="also fit IsoFLOP profiles (Approach 2)")
+    p.add_argument("--isoflop-tolerance", type=float, default=0.1, help="log10 C width of a group")
+    p.add_argument("--min-sizes", type=int, default=3, help="sizes an IsoFLOP group needs (default 3)")
+    p.add_argument("--compute", type=number, action="append", help="report N*(C), D*(C) here (repeatable)")
+    p.add_argument("--predict", type=_pair, action="append", metavar="N,D", help="predict a run's loss")
+    p.add_argument("--params", choices=("non-embedding", "total"), default="non-embedding", help="N of runs")
+    for col in ("n", "d", "c", "loss", "group"):
+        p.add_argument(
+            f"--{col}-column", help=f"CSV column holding {col.upper() if col != 'loss' else 'loss'}"
+        )
+    p.add_argument(
+        "--out", help="output directory (default: DIR/scaling_fit for one directory, else ./scaling_fit)"
+    )
+
+    p = sub.add_parser(
+        "ladder",
+        help="proxy ladder of small models for a scaling fit",
+        description="Generate a proxy ladder from a pipeline config: 4-6 sizes at ~20 tokens per parameter "
+        "(or an IsoFLOP grid with --isoflop). --run trains it here (data stages once, then each rung) and "
+        "fits the results; --emit writes torchrun and Slurm commands for a cluster instead.",
+    )
+    p.add_argument("config", help="pipeline TOML file (its model is the largest rung by default)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--sizes", type=int, default=5, help="model sizes (per compute with --isoflop)")
+    p.add_argument("--min-params", type=number, help="smallest non-embedding size (default max / 32)")
+    p.add_argument("--max-params", type=number, help="largest non-embedding size (default: the config's)")
+    p.add_argument("--tokens-per-param", type=float, default=20.0)
+    p.add_argument("--token-multipliers", type=_numbers, default=[1.0], help="e.g. 0.5,1,2")
+    p.add_argument("--isoflop", action="store_true", help="an IsoFLOP grid over --computes instead")
+    p.add_argument("--computes", type=_numbers, help="FLOP budgets for --isoflop, e.g. 1e15,3e15,1e16")
+    p.add_argument("--spread", type=float, default=4.0, help="--isoflop sizes span N*/spread..N* x spread")
+    action = p.add_mutually_exclusive_group()
+    action.add_argument("--run", action="store_true", help="train every rung here, then fit")
+    action.add_argument("--prepare", action="store_true", help="create the rung run directories only")
+    action.add_argument("--emit", choices=("torchrun", "slurm"), help="write cluster commands")
+    p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per rung in emitted commands")
+    p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples of the fit after --run")
+    p.add_argument("--force", action="store_true", help="retrain rungs that are up to date")
+
+
+def run(args: argparse.Namespace) -> int | None:
+    """Run one of the planning commands; None when `args` is another command."""
+    command = getattr(args, "command", None)
+    if command == "plan":
+        handler = {"budget": _budget, "memory": _memory, "batch": _batch}.get(
+            getattr(args, "plan_command", "")
+        )
+        return handler(args) if handler else None
+    if command == "scaling":
+        return _scaling_fit(args)
+    if command == "ladder":
+        return _ladder(args)
+    return None
+
+
+def _print_table(rows: list[tuple[str, Any]]) -> None:
+    width = max((len(str(k)) for k, _ in rows), default=0)
+    for key, value in rows:
+        print(f"{str(key):<{width}}  {value}")
+
+
+def _write_json(path: str | None, value: Any) -> None:
+    if path:
+        from smelt.manifest import write_json
+
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_json(target, value)
+        print(f"\nwritten: {target}")
+
+
+def _budget(args: argparse.Namespace) -> int:
+    from smelt.plan.budget import GPUS, budget_rows, options_table, plan_budget, resolve_compute
+    from smelt.plan.laws import load_law
+
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else (GPUS[args.gpu][0] if args.gpu else None)
+    compute = resolve_compute(
+        dollars=args.dollars,
+        price_per_gpu_hour=args.price_per_gpu_hour,
+        gpu_hours=args.gpu_hours,
+        flops=args.flops,
+        peak_flops=peak,
+        mfu=args.mfu,
+    )
+    plan = plan_budget(
+        compute,
+        tokens_per_param=args.tokens_per_param,
+        law=load_law(args.law),
+        law_for_split=args.law_split,
+        gpus=args.gpus,
+        inference_tokens=args.inference_tokens,
+        unique_tokens=args.unique_tokens,
+        batch_tokens=args.batch_tokens,
+    )
+    _print_table(budget_rows(plan))
+    title = "same expected loss, smaller models trained longer"
+    if args.inference_tokens:
+        title += f" (serving {args.inference_tokens:.3g} tokens at 2N FLOPs each)"
+    print(f"\n{title}:\n{options_table(plan)}")
+    for warning in plan.warnings:
+        print(f"\nwarning: {warning}")
+    _write_json(args.json_out, plan.to_dict())
+    return 0
+
+
+def _model_shape(args: argparse.Namespace) -> tuple[Any, int]:
+    """(ModelShape, default sequence length) from --preset, --config or --set model.* keys alone."""
+    from smelt.config import load_config
+    from smelt.model.plan import DEFAULT_VOCAB
+    from smelt.plan.memory import ModelShape
+
+    overrides = list(args.overrides)
+    if args.preset:
+        overrides.insert(0, f"model.preset={json.dumps(args.preset)}")
+    cfg = load_config(args.config, overrides)
+    if args.config:
+        pad = cfg.tokenizer.pad_to_multiple
+        vocab = args.vocab_size or -(-cfg.tokenizer.vocab_size // pad) * pad
+        name = cfg.model.preset or Path(args.config).stem
+        return ModelShape.from_config(cfg.model, vocab, name), cfg.train.seq_len
+    vocab = args.vocab_size or DEFAULT_VOCAB
+    return ModelShape.from_config(cfg.model, vocab, args.preset or "custom"), cfg.model.max_seq_len
+
+
+def _memory(args: argparse.Namespace) -> int:
+    from smelt.plan.budget import GPUS
+    from smelt.plan.memory import (
+        GB,
+        Cluster,
+        Layout,
+        alternatives_table,
+        memory,
+        memory_rows,
+        model_state_bytes,
+        recommend,
+    )
+
+    shape, default_seq = _model_shape(args)
+    seq_len = args.seq_len or default_seq
+    capacity = args.gpu_memory or (GPUS[args.gpu][1] if args.gpu else 80.0)
+    described = (
+        f"{shape.name}: {shape.params_total:,} parameters, {shape.n_layers} layers, d {shape.d_model}, "
+        f"{shape.n_heads} heads, vocab {shape.vocab_size:,}"
+    )
+    state = model_state_bytes(shape.params_total, args.precision) / GB
+    rows: list[tuple[str, Any]] = [
+        ("model", described),
+        (
+            f"model state ({args.precision}, Adam)",
+            f"{state:.1f} GB (16 bytes per parameter, before any sharding)",
+        ),
+    ]
+    layout_given = args.tp is not None or args.pp is not None or args.dp is not None
+    if args.gpus and not layout_given:
+        batch = int(args.global_batch_tokens or _default_batch(seq_len))
+        rec = recommend(
+            shape,
+            Cluster(args.gpus, args.gpus_per_node, capacity),
+            seq_len=seq_len,
+            global_batch_tokens=batch,
+            recompute=args.recompute,
+            zero=1 if args.zero is None else args.zero,
+            precision=args.precision,
+            headroom=args.headroom,
+            overhead_gb=args.overhead_gb,
+        )
+        layout = rec.layout
+        zero = f", ZeRO-{layout.zero}" if layout.zero else ""
+        steps = (
+            f"{layout.micro_batch} x {layout.microbatches} per replica = {batch // seq_len} sequences of "
+            f"{seq_len} ({batch:,} tokens) per step"
+        )
+        rows += [
+            ("cluster", f"{args.gpus} GPUs, {args.gpus_per_node} per node, {capacity:g} GB each"),
+            ("recommended", f"TP {layout.tp}, PP {layout.pp}, DP {layout.dp}{zero}"),
+            ("micro batch x accumulation", steps),
+            ("per GPU at micro batch 1", f"{rec.memory_at_micro_batch_1.peak.total / GB:.1f} GB"),
+        ]
+        rows += memory_rows(rec.memory)
+        _print_table(rows)
+        print("\nwhy:")
+        for reason in rec.reasons:
+            print(f"  - {reason}")
+        print(f"\nlayouts of {args.gpus} GPUs at micro batch 1 ({rec.budget_gb:.0f} GB usable per GPU):")
+        print(alternatives_table(rec))
+        for warning in rec.warnings:
+            print(f"\nwarning: {warning}")
+        _write_json(args.json_out, {"model": shape.__dict__, **rec.to_dict()})
+        return 0
+    tp, pp = args.tp or 1, args.pp or 1
+    if args.dp:
+        dp = args.dp
+    elif args.gpus:
+        if args.gpus % (tp * pp):
+            raise UserError(f"--gpus {args.gpus} is not divisible by --tp x --pp = {tp * pp}.")
+        dp = args.gpus // (tp * pp)
+    else:
+        dp = 1
+    zero = (1 if dp > 1 else 0) if args.zero is None else args.zero
+    microbatches = 4 * pp if pp > 1 else 1
+    layout = Layout(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        zero=zero,
+        recompute=args.recompute,
+        micro_batch=args.micro_batch,
+        seq_len=seq_len,
+        microbatches=microbatches,
+        precision=args.precision,
+        sequence_parallel=not args.no_sequence_parallel,
+    )
+    mem = memory(shape, layout, args.overhead_gb)
+    rows += memory_rows(mem)
+    usable = capacity * (1 - args.headroom)
+    verdict = "fits" if mem.peak.total / GB <= usable else "does NOT fit"
+    rows.append(
+        (
+            f"on {capacity:g} GB GPUs",
+            f"{verdict} ({usable:.0f} GB usable with {100 * args.headroom:.0f}% headroom)",
+        )
+    )
+    _print_table(rows)
+    _write_json(args.json_out, {"model": shape.__dict__, **mem.to_dict()})
+    return 0
+
+
+def _default_batch(seq_len: int) -> int:
+    """About 4M tokens (Llama-scale), a whole number of sequences."""
+    return max(1, round(4 * 2**20 / seq_len)) * seq_len
+
+
+def _batch(args: argparse.Namespace) -> int:
+    from smelt.plan.batch import batch_rows
+
+    rows, warnings = batch_rows(args.lr, args.batch_tokens, args.new_batch_tokens, args.loss)
+    _print_table(rows)
+    for warning in warnings:
+        print(f"\nwarning: {warning}")
+    return 0
+
+
+def _scaling_fit(args: argparse.Namespace) -> int:
+    from smelt.plan.points import read_points
+    from smelt.plan.scaling import report_text, scaling_fit
+
+    if args.bootstrap < 0:
+        raise UserError(f"--bootstrap must be >= 0, got {args.bootstrap}.")
+    points = read_points(
+        [Path(p) for p in args.inputs],
+        params=args.params.replace("-", "_"),
+        n_column=args.n_column,
+        d_column=args.d_column,
+        c_column=args.c_column,
+        loss_column=args.loss_column,
+        group_column=args.group_column,
+    )
+    points = points.drop_highest(args.drop_highest)
+    if args.out:
+        out = Path(args.out)
+    elif len(args.inputs) == 1 and Path(args.inputs[0]).is_dir():
+        out = Path(args.inputs[0]) / "scaling_fit"
+    else:
+        out = Path("scaling_fit")
+    report = scaling_fit(
+        points,
+        out,
+        bootstrap_samples=args.bootstrap,
+        seed=args.seed,
+        isoflop=args.isoflop,
+        isoflop_tolerance=args.isoflop_tolerance,
+        min_sizes=args.min_sizes,
+        computes=args.compute,
+        predictions=args.predict,
+    )
+    print(report_text(report))
+    return 0
+
+
+def _ladder(args: argparse.Namespace) -> int:
+    from smelt.config import load_config
+    from smelt.plan import ladder as L
+
+    cfg = load_config(args.config, args.overrides)
+    vocab = _ladder_vocab(cfg)
+    batch = cfg.train.batch_tokens or cfg.train.seq_len * cfg.train.micro_batch
+    if args.isoflop:
+        if not args.computes:
+            raise UserError("--isoflop needs --computes, e.g. --computes 1e15,3e15,1e16.")
+        rungs = L.isoflop_ladder(
+            cfg.model, vocab, batch, computes=args.computes, sizes=args.sizes, spread=args.spread
+        )
+    else:
+        rungs = L.chinchilla_ladder(
+            cfg.model,
+            vocab,
+            batch,
+            sizes=args.sizes,
+            min_params=args.min_params,
+            max_params=args.max_params,
+            tokens_per_param=args.tokens_per_param,
+            multipliers=tuple(args.token_multipliers),
+        )
+    print(f"ladder of {len(rungs)} runs from {args.config} (base run {cfg.run_dir}, vocab {vocab:,}):")
+    print(L.plan_table(rungs))
+    total = sum(r.compute for r in rungs)
+    print(f"\ntotal {total:.3g} FLOPs; rung runs under {L.ladder_dir(cfg)}/")
+    warnings = L.ladder_warnings(rungs, L.available_train_tokens(cfg), args.isoflop)
+    plan_path = L.write_plan(
+        cfg, rungs, {"config": str(args.config), "overrides": list(args.overrides), "vocab_size": vocab}
+    )
+    if args.prepare:
+        for rung in rungs:
+            L.prepare_rung(cfg, rung)
+        print(f"prepared {len(rungs)} rung directories (links to {cfg.run_dir}'s data stages)")
+    elif args.emit:
+        out = L.ladder_dir(cfg)
+        commands = L.data_commands(args.config, args.overrides) + L.train_commands(
+            cfg, args.config, args.overrides, rungs, args.gpus_per_run
+        )
+        commands.append(f"smelt scaling fit {out}")
+        (out / "commands.sh").write_text("#!/bin/bash\nset -euo pipefail\n" + "\n".join(commands) + "\n")
+        print(f"\nwritten: {out / 'commands.sh'}")
+        if args.emit == "slurm":
+            (out / "slurm.sh").write_text(
+                L.slurm_script(cfg, args.config, args.overrides, rungs, args.gpus_per_run)
+            )
+            print(f"written: {out / 'slurm.sh'} (sbatch after the first four lines of commands.sh)")
+    elif args.run:
+        results = L.run_ladder(cfg, rungs, force=args.force)
+        warnings = L.ladder_warnings(rungs, L.available_train_tokens(cfg), args.isoflop)
+        _print_ladder_results(results)
+        L.write_plan(cfg, rungs, {"config": str(args.config), "overrides": list(args.overrides),
+                                  "vocab_size": vocab, "results": results})  # fmt: skip
+        if len(results) >= 5:
+            from smelt.plan.points import read_runs
+            from smelt.plan.scaling import report_text, scaling_fit
+
+            points = read_runs([L.ladder_dir(cfg)])
+            report = scaling_fit(
+                points,
+                L.ladder_dir(cfg) / "scaling_fit",
+                bootstrap_samples=args.bootstrap,
+                isoflop=args.isoflop,
+            )
+            print()
+            print(report_text(report))
+        else:
+            print("\nfewer than 5 runs: not enough for a 5-parameter fit of L(N, D).")
+    for warning in warnings:
+        print(f"\nwarning: {warning}")
+    print(f"\nwritten: {plan_path}")
+    return 0
+
+
+def _ladder_vocab(cfg: Any) -> int:
+    path = cfg.run_dir / "tokenizer" / "smelt.json"
+    if path.is_file():
+        try:
+            return int(json.loads(path.read_text())["vocab_size"])
+        except (json.JSONDecodeError, KeyError, ValueError):
+            pass
+    pad = cfg.tokenizer.pad_to_multiple
+    return int(math.ceil(cfg.tokenizer.vocab_size / pad) * pad)
+
+
+def _print_ladder_results(results: list[dict[str, Any]]) -> None:
+    header = f"{'rung':<24} {'params':>9} {'tokens':>11} {'val loss':>9} {'train loss':>10} {'time':>7}"
+    print("\n" + header + "\n" + "-" * len(header))
+    for r in results:
+        val = f"{r['final_val_loss']:.4f}" if r["final_val_loss"] is not None else "-"
+        time_s = "cached" if r["skipped"] else f"{r['wall_time_s']:.0f}s"
+        print(
+            f"{r['rung']:<24} {r['params'] or 0:>9,} {r['tokens'] or 0:>11,} {val:>9} "
+            f"{r['final_train_loss']:>10.4f} {time_s:>7}"
+        )
