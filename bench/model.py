@@ -8,6 +8,12 @@ $SMELT_PEAK_FLOPS (e.g. 989e12 for an H200's dense bf16) or a measured bf16 matm
 
 FLOPs per token follow the design: 6 N (N non-embedding parameters) + 12 L d s. A tied LM head is a
 real matmul that this convention leaves out, so `..._with_head` figures add its 6 V d.
+
+Document masking (`..._docmask_...`): packed rows of documents averaging DOC_MEAN_TOKENS tokens, in
+tokens/s for each attention path: `causal` (no mask: the ceiling), `sdpa` (dense boolean mask) and
+`flex` (BlockMask), forward+backward and forward alone (inference). On CPU small-5m in fp32 at
+sequence 1024; flex there is forward-only (torch 2.13 has no CPU backward) and runs its compiled
+kernel. With CUDA the same presets as above, compiled, in bf16.
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ import time
 import torch
 from common import write_result
 
+from smelt.model.attention import flex_backward_supported
 from smelt.model.flops import count_params, flops_per_token
 from smelt.model.plan import preset_config
-from smelt.model.transformer import Transformer
+from smelt.model.transformer import Transformer, position_ids_from_doc_ids
 from smelt.train.precision import measure_cpu_matmul_flops
 
 VOCAB = 8192
+DOC_MEAN_TOKENS = 256
 
 
 def cuda_matmul_flops(size: int = 8192) -> float:
@@ -84,6 +92,84 @@ def bench(
     }
 
 
+def packed_documents(batch: int, seq: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """doc_ids and position_ids [batch, seq] of rows packed with documents of DOC_MEAN_TOKENS on average
+    (each position opens a new document with probability 1 / DOC_MEAN_TOKENS), seeded."""
+    gen = torch.Generator().manual_seed(1)
+    starts = torch.rand(batch, seq, generator=gen) < 1 / DOC_MEAN_TOKENS
+    starts[:, 0] = False
+    doc = torch.cumsum(starts.long(), dim=1)
+    return doc.to(device), position_ids_from_doc_ids(doc).to(device)
+
+
+def bench_doc_masking(
+    name: str, precision: str, device: str, batch: int, seq: int, steps: int, compiled: bool
+) -> dict[str, object]:
+    """Median tokens/s of each attention path on the same document-packed batch.
+
+    The paths take turns inside every timing round, so a shared machine's load drifts into all of them
+    alike rather than into whichever ran last.
+    """
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, VOCAB, (batch, seq), generator=gen).to(device)
+    y = torch.randint(0, VOCAB, (batch, seq), generator=gen).to(device)
+    doc, pos = packed_documents(batch, seq, device)
+    paths = {"causal": "sdpa", "sdpa": "sdpa", "flex": "flex"}
+    models = {}
+    for path, attention in paths.items():
+        torch.manual_seed(0)
+        model = Transformer(preset_config(name, attention=attention, max_seq_len=seq), VOCAB).to(device)
+        models[path] = torch.compile(model) if compiled else model
+
+    def run(path: str, backward: bool) -> float:
+        kwargs = {} if path == "causal" else {"doc_ids": doc, "position_ids": pos}
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with (
+            torch.set_grad_enabled(backward),
+            torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32),
+        ):
+            _, loss = models[path](x, y, **kwargs)
+        if backward:
+            loss.backward()
+            models[path].zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    key = f"{name}_{precision}_docmask_seq{seq}"
+    figures: dict[str, object] = {
+        f"{key}_docs_per_row": round(float(doc[:, -1].float().mean()) + 1, 2),
+        f"{key}_batch": batch,
+    }
+    flex_trains = flex_backward_supported(torch.device(device))
+    for backward, label in ((True, "fwd_bwd"), (False, "fwd")):
+        timed = [p for p in paths if p != "flex" or flex_trains or not backward]
+        times: dict[str, list[float]] = {p: [] for p in timed}
+        for i in range(steps + 2):  # two warm-up rounds: compilation, allocator, caches
+            for path in timed:
+                seconds = run(path, backward)
+                if i >= 2:
+                    times[path].append(seconds)
+        for path in timed:
+            median = sorted(times[path])[len(times[path]) // 2]
+            figures[f"{key}_{path}_{label}_tokens_per_s"] = round(batch * seq / median, 1)
+        if "flex" in timed:
+            figures[f"{key}_flex_vs_sdpa_{label}_speedup"] = round(
+                figures[f"{key}_flex_{label}_tokens_per_s"] / figures[f"{key}_sdpa_{label}_tokens_per_s"], 3
+            )
+        else:
+            figures[f"{key}_flex_{label}"] = f"unsupported on {device} in torch {torch.__version__}"
+    if device == "cuda":
+        for path in paths:
+            torch.cuda.reset_peak_memory_stats()
+            run(path, True)
+            figures[f"{key}_{path}_fwd_bwd_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return figures
+
+
 def main() -> None:
     steps = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 5
     figures: dict[str, object] = {"steps": steps, "vocab": VOCAB}
@@ -92,6 +178,7 @@ def main() -> None:
         figures.update({"device": "cuda", "peak_bf16_tflops_per_s": round(peak / 1e12, 1), "compiled": True})
         for name, batch in (("llama-124m", 16), ("llama-1b", 8)):
             figures.update(bench(name, "bf16", "cuda", batch, 2048, steps, True, peak))
+            figures.update(bench_doc_masking(name, "bf16", "cuda", batch, 2048, steps, True))
     else:
         threads = torch.get_num_threads()
         peaks = {p: measure_cpu_matmul_flops(p, threads, seconds=1.0) for p in ("bf16", "fp32")}
@@ -101,6 +188,7 @@ def main() -> None:
         for name in names:
             for precision in ("bf16", "fp32"):
                 figures.update(bench(name, precision, "cpu", 8, 256, steps, False, peaks[precision]))
+        figures.update(bench_doc_masking("small-5m", "fp32", "cpu", 4, 1024, steps, False))
     write_result("model", figures)
 
 

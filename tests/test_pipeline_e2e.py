@@ -35,7 +35,7 @@ def quickstart(tmp_path, *extra):
 
 
 @pytest.mark.slow
-def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path):
+def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path, capsys):
     first_dir, second_dir = tmp_path / "a", tmp_path / "b"
     summary = quickstart(first_dir)
     run = first_dir / "quickstart"
@@ -70,6 +70,9 @@ def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path):
     assert (run / "export" / "hf" / "model.safetensors").is_file()
     assert main(["export", "hf", str(run), "--checkpoint", "12345"]) == 2
     assert main(["inspect", "shards", str(run / "tokens"), "--source", "stdlib", "--length", "32"]) == 0
+    capsys.readouterr()
+    assert main(["inspect", "batches", str(QUICKSTART_CONFIG), *config, "--step", "3", "--rows", "2"]) == 0
+    assert "stdlib" in capsys.readouterr().out
 
     # An interrupted tokenize (its attempt marker, no manifest yet) resumes from its finished shards;
     # an interrupted attempt with another config starts over.

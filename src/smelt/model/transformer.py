@@ -8,7 +8,8 @@ autocast only touches the matmuls.
 
 Packed sequences: pass `doc_ids` [B, T] (positions with different ids never attend to each other)
 and `position_ids` [B, T] (RoPE positions that restart at each document); `doc_ids_from_tokens`
-and `position_ids_from_doc_ids` derive both from EOS-joined token streams.
+and `position_ids_from_doc_ids` derive both from EOS-joined token streams. The document mask is
+built once per forward, as flex attention's BlockMask or a dense SDPA mask (see attention.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from smelt.config import ModelConfig
+from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
 from smelt.model.flops import resolved_d_ff
 
 if TYPE_CHECKING:
@@ -111,18 +113,6 @@ def position_ids_from_doc_ids(doc_ids: torch.Tensor) -> torch.Tensor:
     return pos - start_of
 
 
-def attention_mask(
-    q_doc: torch.Tensor | None, k_doc: torch.Tensor | None, start: int, T: int, device
-) -> torch.Tensor:
-    """Boolean SDPA mask [B or 1, 1, T, start + T]: causal, and within one document when ids are given."""
-    q_pos = torch.arange(start, start + T, device=device)
-    k_pos = torch.arange(start + T, device=device)
-    mask = (k_pos[None, :] <= q_pos[:, None])[None, None]
-    if q_doc is not None:
-        mask = mask & (q_doc[:, None, :, None] == k_doc[:, None, None, :])
-    return mask
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -142,9 +132,10 @@ class Attention(nn.Module):
         rope: torch.Tensor | None,
         cache: KVCache | None = None,
         layer: int = 0,
-        mask: torch.Tensor | None = None,
+        mask: AttentionMask = None,
     ) -> torch.Tensor:
-        """rope None: a NoPE layer. mask None: plain causal attention (or a single decode step)."""
+        """rope None: a NoPE layer. mask None: plain causal attention (or a single decode step);
+        else the forward's document mask, a dense boolean tensor or a flex BlockMask."""
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -160,9 +151,7 @@ class Attention(nn.Module):
                 # (it is top-left aligned), and the forward only omits the mask when T == 1.
                 causal = False
             k, v = cache.update(layer, k, v)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads
-        )
+        y = attend(q, k, v, mask, causal, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
@@ -304,13 +293,15 @@ class Transformer(nn.Module):
             rope = self.rope[start : start + T]
         else:
             rope = self.rope[position_ids].unsqueeze(1)  # [B, 1, T, r/2, 2]
-        mask = None
+        # One mask for every layer. A KV cache (generation) keeps the dense form: its queries start
+        # at cache.pos, and prefill runs once per prompt batch, so flex's compile would not pay off.
+        mask: AttentionMask = None
         if cache is not None and doc_ids is not None:
-            mask = attention_mask(doc_ids, cache.store_doc_ids(doc_ids), start, T, idx.device)
+            mask = dense_mask(doc_ids, cache.store_doc_ids(doc_ids), start, T, idx.device)
         elif doc_ids is not None:
-            mask = attention_mask(doc_ids, doc_ids, 0, T, idx.device)
+            mask = document_mask(doc_ids, self.cfg.attention)
         elif cache is not None and start > 0 and T > 1:
-            mask = attention_mask(None, None, start, T, idx.device)
+            mask = dense_mask(None, None, start, T, idx.device)
         x = self.tok_emb(idx)
         ckpt = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer, block in enumerate(self.blocks):
