@@ -118,10 +118,24 @@ def test_jsonl_truncated_gzip_is_quarantined(tmp_path):
     assert ledger.records_in["j"] == len(docs) + 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("zstandard") is not None, reason="zstandard is installed")
-def test_jsonl_zst_without_zstandard_is_a_user_error(tmp_path):
+def test_jsonl_zst_reads_and_truncation_is_quarantined(tmp_path):
+    zstandard = pytest.importorskip("zstandard")
+    blob = b"".join(json.dumps({"text": f"doc {i}"}).encode() + b"\n" for i in range(300))
+    packed = zstandard.ZstdCompressor().compress(blob)
+    (tmp_path / "a.jsonl.zst").write_bytes(packed)
+    (tmp_path / "cut.jsonl.zst").write_bytes(packed[: len(packed) // 2])
+    spec = ReadSpec("z", 0, "jsonl", str(tmp_path))
+    docs, ledger = read(spec, tmp_path, "a.jsonl.zst")
+    assert [d.text for d in docs] == [f"doc {i}" for i in range(300)] and not ledger.entries
+    docs, ledger = read(spec, tmp_path, "cut.jsonl.zst")
+    assert len(docs) < 300 and ledger.entries[-1]["reason"] == "decode_error"
+
+
+def test_jsonl_zst_without_zstandard_is_a_user_error(tmp_path, monkeypatch):
     path = tmp_path / "x.jsonl.zst"
     path.write_bytes(b"\x28\xb5\x2f\xfd")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "zstandard" else real(name))
     with pytest.raises(UserError, match="pip install zstandard") as info:
         check_readable(ReadSpec("zsrc", 0, "jsonl", str(tmp_path)), [path])
     assert "zsrc" in str(info.value)

@@ -156,13 +156,47 @@ def _read_text(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict
     yield doc
 
 
-def _open_jsonl(path: Path) -> io.BufferedIOBase:
+class _ZstdLines:
+    """Lines of a zstd file (one or more frames). zstandard's stream reader ends a truncated stream
+    silently; this raises EOFError instead, after the lines that were complete."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, path: Path):
+        self.handle = open(path, "rb")  # noqa: SIM115 - closed by __exit__
+
+    def __enter__(self) -> _ZstdLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.close()
+
+    def __iter__(self) -> Iterator[bytes]:
+        import zstandard
+
+        decompressor = zstandard.ZstdDecompressor().decompressobj()
+        pending = b""
+        finished = True
+        while chunk := self.handle.read(self.CHUNK):
+            while chunk:
+                pending += decompressor.decompress(chunk)
+                finished = decompressor.eof
+                chunk = decompressor.unused_data if finished else b""
+                if finished and chunk:  # another frame follows
+                    decompressor = zstandard.ZstdDecompressor().decompressobj()
+            *lines, pending = pending.split(b"\n")
+            yield from (line + b"\n" for line in lines)
+        if not finished:
+            raise EOFError("the zstd stream ends inside a frame (truncated file)")
+        if pending:
+            yield pending
+
+
+def _open_jsonl(path: Path) -> io.BufferedIOBase | _ZstdLines:
     if path.name.endswith(".gz"):
         return gzip.open(path, "rb")
     if path.name.endswith(".zst"):
-        import zstandard
-
-        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+        return _ZstdLines(path)
     return open(path, "rb")
 
 
