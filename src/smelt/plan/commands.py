@@ -124,7 +124,7 @@ def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersA
         "fit",
         help="fit L(N, D) = E + A/N^alpha + B/D^beta to runs or a CSV",
         description="Fit L(N, D) = E + A/N^alpha + B/D^beta by Huber loss (delta 1e-3) on log-loss with "
-        "L-BFGS from Hoffmann et al.'s grid of starts (Approach 3), with bootstrap 95%% intervals; "
+        "L-BFGS from Hoffmann et al.'s grid of starts (Approach 3), with bootstrap 95% intervals; "
         "optionally IsoFLOP profiles (Approach 2). Input: a CSV (columns N/params, D/tokens or C/flops, "
         "loss) or smelt run directories (a ladder directory works). Writes fit.json and SVG plots.",
     )
