@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             p = sub.add_parser(name, help=help_text, description=description)
             _add_config_args(p)
+            if name == "train":
+                p.add_argument(
+                    "--check",
+                    action="store_true",
+                    help="pilot checks instead of training: step-0 loss ~ ln V, every parameter gets a "
+                    "gradient, a fixed batch overfits, two same-seed runs are identical",
+                )
             if name in ("curate", "tokenize"):
                 p.add_argument(
                     "--workers", type=int, default=None, help="worker processes (default: the config's)"
@@ -283,6 +290,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         outcome = run_stage(cfg, "eval", force=args.force)
         _print_table(_eval_rows(outcome.result))
         return 0
+    if command == "train" and args.check:
+        return _train_check(args)
     stage = {"curate": "curate", "tokenizer": "tokenizer", "tokenize": "tokenize", "train": "train"}[command]
     overrides = list(args.overrides)
     if getattr(args, "workers", None) is not None:
@@ -299,6 +308,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         _print_table([(k, v) for k, v in _flat(outcome.result).items()][:40])
     print(f"\n{stage}: {'up to date' if outcome.skipped else 'done'} -> {outcome.directory}")
     return 0
+
+
+def _train_check(args: argparse.Namespace) -> int:
+    from smelt.train.check import pilot_checks
+
+    cfg = load_config(args.config, args.overrides)
+    rows = pilot_checks(cfg, cfg.run_dir / "tokens", cfg.run_dir / "tokenizer")
+    width = max(len(name) for name, _, _ in rows)
+    for name, passed, detail in rows:
+        print(f"{name:<{width}}  {'PASS' if passed else 'FAIL'}  {detail}")
+    failed = [name for name, passed, _ in rows if not passed]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} checks passed")
+    return 1 if failed else 0
 
 
 def _quality_train(args: argparse.Namespace) -> int:

@@ -208,6 +208,54 @@ class QualityConfig:
 
 
 @dataclass
+class NearDedupConfig:
+    enabled: bool = _opt(False, help="MinHash-LSH near-duplicate removal (one representative per cluster)")
+    threshold: float = _opt(0.8, range=(0.05, 0.99), help="Jaccard similarity the LSH bands are tuned for")
+    ngram: int = _opt(5, range=(1, 50), help="words per shingle")
+    num_perm: int = _opt(128, range=(8, 1024), help="MinHash permutations (signature length)")
+    verify: str = _opt(
+        "signature",
+        choices=("none", "signature"),
+        help="check LSH candidates: `signature` keeps a pair if its estimated Jaccard >= threshold - 0.05",
+    )
+    scope: str = _opt(
+        "global",
+        help="`global`, `source`, `dir` (top directory of the file: one crawl dump per folder) or "
+        "`field:<meta key>` (e.g. field:dump, with split_unit = field:dump)",
+    )
+    memory_mb: int = _opt(1024, range=(16, 10**6), help="memory budget for the band buckets (partitions)")
+
+
+@dataclass
+class LineDedupConfig:
+    enabled: bool = _opt(False, help="remove lines that occur in more than `max_docs` documents")
+    max_docs: int = _opt(100, range=(2, 10**12), help="a line in more documents than this is boilerplate")
+    min_chars: int = _opt(20, range=(1, 10**6), help="shorter lines are never removed")
+
+
+@dataclass
+class EvalSetConfig:
+    name: str = _opt("", help="benchmark name in the report (e.g. hellaswag)")
+    path: str = _opt("", help="benchmark file or directory (relative paths: to the working directory)")
+    format: str = _opt(
+        "mosaic",
+        choices=("mosaic", "olmes", "gsm8k", "mmlu_csv", "jsonl"),
+        help="file layout: mosaic jsonl, olmes requests.jsonl.gz, gsm8k jsonl, mmlu csv, jsonl (`fields`)",
+    )
+    fields: list[str] = _opt([], help="format jsonl: the record fields joined into the item text")
+
+
+@dataclass
+class DecontamConfig:
+    evals: list[EvalSetConfig] = _opt([], help="[[data.decontam.evals]] benchmark files (empty: off)")
+    ngram: int = _opt(13, range=(3, 100), help="words per n-gram compared with the benchmarks")
+    threshold: float = _opt(
+        0.5, range=(0.0, 1.0), help="a document matches an item when this share of the item's n-grams occurs"
+    )
+    action: str = _opt("remove", choices=("remove", "flag"), help="remove matching documents or flag in meta")
+
+
+@dataclass
 class DataConfig:
     sources: list[SourceConfig] = _opt([], help="[[data.sources]] tables")
     min_chars: int = _opt(64, range=(0, 10**9), help="drop documents shorter than this")
@@ -232,6 +280,9 @@ class DataConfig:
     url_filter: UrlFilterConfig = field(default_factory=UrlFilterConfig)
     pii: PiiConfig = field(default_factory=PiiConfig)
     quality: QualityConfig = field(default_factory=QualityConfig)
+    near_dedup: NearDedupConfig = field(default_factory=NearDedupConfig)
+    line_dedup: LineDedupConfig = field(default_factory=LineDedupConfig)
+    decontam: DecontamConfig = field(default_factory=DecontamConfig)
 
 
 @dataclass
@@ -361,6 +412,52 @@ class TrainConfig:
     eval_tokens: int = _opt(65_536, range=(0, 10**12), help="validation tokens per periodic evaluation")
     doc_masking: bool = _opt(
         True, help="attend only within each document of a packed sequence; positions restart per document"
+    )
+    parallel: str = _opt(
+        "ddp", choices=("ddp", "fsdp"), help="data parallelism under torchrun: DDP or FSDP2 (fully_shard)"
+    )
+    schedule: str = _opt(
+        "cosine",
+        choices=("cosine", "wsd", "constant", "multistep"),
+        help="LR after warmup: cosine to the floor, warmup-stable-decay, constant, or step drops",
+    )
+    decay_fraction: float = _opt(0.2, range=(0.0, 1.0), help="wsd: share of the steps spent decaying")
+    decay_shape: str = _opt("1-sqrt", choices=("linear", "cosine", "1-sqrt"), help="wsd: decay curve")
+    decay_start_step: int = _opt(
+        0, range=(0, 10**12), help="wsd: start the decay at this step (0: from decay_fraction); a branch run"
+    )
+    milestones: list[float] = _opt(
+        [0.8, 0.9], help="multistep: fractions of the run where the LR is multiplied by step_gamma"
+    )
+    step_gamma: float = _opt(0.316, range=(0.0, 1.0), help="multistep: LR factor at each milestone")
+    rewarmup_tokens: int = _opt(
+        0, range=(0, 10**15), help="linear re-warmup at each curriculum stage boundary (0: none)"
+    )
+    optimizer: str = _opt(
+        "adamw", choices=("adamw", "muon"), help="muon: Muon for 2-D hidden matrices, AdamW for the rest"
+    )
+    muon_lr: float = _opt(0.02, range=(0.0, 10.0), help="Muon's LR (its updates are orthogonalised)")
+    on_nonfinite: str = _opt(
+        "skip", choices=("log", "skip", "rollback", "stop"), help="action on a NaN/Inf loss or gradient"
+    )
+    on_loss_spike: str = _opt(
+        "log", choices=("log", "skip", "rollback", "stop"), help="action on a loss > loss_spike_std above mean"
+    )
+    on_grad_spike: str = _opt(
+        "skip",
+        choices=("log", "skip", "rollback", "stop"),
+        help="action on a grad norm > grad_spike_factor x its trailing median",
+    )
+    loss_spike_std: float = _opt(5.0, range=(0.0, 1e6), help="loss alert: rolling standard deviations")
+    grad_alert_factor: float = _opt(3.0, range=(1.0, 1e6), help="grad-norm alert (log only) x median")
+    grad_spike_factor: float = _opt(5.0, range=(1.0, 1e6), help="grad-norm spike (action) x median")
+    alert_window: int = _opt(100, range=(2, 10**7), help="steps of history for the alert statistics")
+    alert_min_history: int = _opt(20, range=(1, 10**7), help="applied steps before spike alerts start")
+    max_consecutive_skips: int = _opt(
+        5, range=(1, 10**7), help="stop the run after this many skipped steps in a row"
+    )
+    monitor_every: int = _opt(
+        0, range=(0, 10**9), help="steps between per-layer update/weight ratios and norms (0: off)"
     )
 
 

@@ -106,6 +106,14 @@ def _common_root(files: list[Path]) -> str:
     return os.path.commonpath([str(f.parent) for f in files]) if files else "."
 
 
+def _wait_for_attempt(directory: Path, attempt: dict[str, Any], timeout_s: float = 600.0) -> None:
+    deadline = time.time() + timeout_s
+    while _read_attempt(directory) != attempt:
+        if time.time() > deadline:
+            raise RuntimeError(f"rank 0 did not prepare {directory} within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
 def _read_attempt(directory: Path) -> dict[str, Any] | None:
     try:
         return json.loads((directory / ATTEMPT).read_text())
@@ -158,12 +166,18 @@ def run_stage(cfg: Config, stage: str, force: bool = False) -> StageOutcome:
     attempt = {"config_hash": spec.config_hash, "inputs": spec.inputs}
     interrupted = directory.exists() and spec.read_manifest() is None
     resumable = interrupted and stage in RESUMABLE_STAGES and _read_attempt(directory) == attempt
-    if directory.exists() and not resumable:
-        shutil.rmtree(directory)  # stale outputs would otherwise leak into the output hashes
-    directory.mkdir(parents=True, exist_ok=True)
-    write_json(directory / ATTEMPT, attempt)
+    rank = int(os.environ.get("RANK", "0"))
+    if rank == 0:
+        if directory.exists() and not resumable:
+            shutil.rmtree(directory)  # stale outputs would otherwise leak into the output hashes
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / ATTEMPT, attempt)
+    else:  # under torchrun: rank 0 prepares the directory; the attempt file says it is ready
+        _wait_for_attempt(directory, attempt)
     started = time.time()
     result = _execute(cfg, stage, directory, resume=resumable)
+    if rank != 0:
+        return StageOutcome(stage, directory, False, round(time.time() - started, 3), result)
     (directory / ATTEMPT).unlink()
     manifest = spec.write_manifest(started, extra={"result": result})
     log(f"[{stage}] done in {manifest['wall_time_s']:.1f}s")

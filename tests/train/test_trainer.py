@@ -99,6 +99,10 @@ def test_train_end_to_end(data, tmp_path):
         "loss",
         "lr",
         "grad_norm",
+        "grad_norm_clipped",
+        "clip_fraction",
+        "skipped",
+        "memory_mb",
         "clipped",
         "tokens_per_s",
         "mfu",
@@ -183,10 +187,16 @@ def test_nan_loss_stops_with_event(data, tmp_path, monkeypatch):
         return logits, loss * float("nan") if loss is not None else loss
 
     monkeypatch.setattr(Transformer, "forward", poisoned)
-    with pytest.raises(RuntimeError, match="loss is nan at step 1"):
-        train(tiny_config(), tokens, tokenizer, tmp_path / "run")
-    last = read_metrics(tmp_path / "run")[-1]
-    assert last["event"] == "end" and last["status"] == "failed"
+    # The default policy skips non-finite steps; the cap on consecutive skips then stops the run.
+    with pytest.raises(RuntimeError, match="3 consecutive steps skipped.*step 3: loss is nan"):
+        train(tiny_config(max_consecutive_skips=3), tokens, tokenizer, tmp_path / "run")
+    lines = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in lines if r.get("event") == "skip"] == [1, 2, 3]
+    assert [r["alert"] for r in lines if r.get("event") == "alert"] == ["nonfinite"] * 3
+    assert lines[-1]["event"] == "end" and lines[-1]["status"] == "failed"
+
+    with pytest.raises(RuntimeError, match="stopped by alert at step 1: loss is nan"):
+        train(tiny_config(on_nonfinite="stop"), tokens, tokenizer, tmp_path / "stop")
 
 
 def test_grad_accumulation_matches_one_big_batch(data, tmp_path):
@@ -222,7 +232,7 @@ def test_z_loss_is_optimized_but_the_logged_loss_is_cross_entropy(data, tmp_path
     assert last[0]["loss"] != last[1]["loss"]  # the z term changed the updates
 
 
-TIMING = ("tokens_per_s", "mfu", "loader_wait_s", "loader_wait_share", "elapsed_s")
+TIMING = ("tokens_per_s", "mfu", "loader_wait_s", "loader_wait_share", "elapsed_s", "memory_mb")
 
 
 def train_figures(records: list[dict], after: int) -> list[dict]:

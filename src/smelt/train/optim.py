@@ -1,4 +1,4 @@
-"""AdamW with weight decay on matmul weights only."""
+"""Optimizers: AdamW with weight decay on matmul weights only, or Muon for hidden matrices + AdamW."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from smelt.config import TrainConfig
+from smelt.errors import ConfigError
+from smelt.train.muon import Muon
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -28,7 +30,29 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+def muon_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
+    """Muon for the 2-D weights inside the transformer blocks; AdamW groups for everything else.
+
+    The embedding and the LM head are excluded even though they are matrices: their rows are looked
+    up (or read out) one token at a time, which is not the geometry Muon's orthogonalisation assumes.
+    """
+    blocks = getattr(model, "blocks", None)
+    hidden = {id(p) for p in blocks.parameters() if p.ndim == 2} if blocks is not None else set()
+    groups = param_groups(model, cfg.weight_decay)
+    muon = [p for g in groups for p in g["params"] if id(p) in hidden]
+    rest = [{**g, "params": [p for p in g["params"] if id(p) not in hidden]} for g in groups]
+    ratio = cfg.muon_lr / cfg.lr if cfg.lr else 1.0
+    return [{"params": muon, "weight_decay": cfg.weight_decay, "muon": True, "lr_scale": ratio}] + rest
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    if cfg.optimizer == "muon":
+        if any(hasattr(p, "to_local") for p in model.parameters()):
+            raise ConfigError(
+                "train.optimizer = 'muon' needs whole matrices, but train.parallel = 'fsdp' shards them; "
+                "use train.parallel = 'ddp' with Muon, or AdamW with FSDP."
+            )
+        return Muon(muon_groups(model, cfg), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
     # fused is the fastest kernel on CUDA; on CPU the multi-tensor (foreach) path is.
     kernel = {"fused": True} if device.type == "cuda" else {"foreach": True}
     return torch.optim.AdamW(
@@ -38,3 +62,9 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) ->
         eps=cfg.eps,
         **kernel,
     )
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Apply the schedule's LR; groups with an lr_scale (Muon's) follow the same shape at their own peak."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)

@@ -1,13 +1,15 @@
 """The training loop: token shards in, metrics.jsonl and checkpoints out.
 
-Single process for now. The pieces that will change under torchrun (rank/world size, gradient
-synchronisation on the last micro step, rank-0-only writes) are marked, so DDP/FSDP can be added
-without restructuring. The data comes from `smelt.tokens.loader.TokenLoader`: step k's global batch
-is fixed by the data plan whatever the world size or micro batch, each micro batch carries its
-document boundaries (fed to the model for intra-document attention when train.doc_masking is on),
-and the loader's O(1) state goes into every checkpoint, so `resume` continues with exactly the
-batches an uninterrupted run would have seen. metrics.jsonl gets the data plan, stage changes, the
-realized mixture per window (with drift alerts) and the share of step time spent waiting for data.
+One process, or every process of a `torchrun` launch (DDP or FSDP2 by train.parallel; see
+distributed.py). The data comes from `smelt.tokens.loader.TokenLoader`: step k's global batch is fixed
+by the data plan whatever the world size or micro batch (rank r takes a disjoint slice), each micro
+batch carries its document boundaries (fed to the model for intra-document attention when
+train.doc_masking is on), and the loader's O(1) state goes into every checkpoint, so `resume`
+continues with exactly the batches an uninterrupted run would have seen. The step arithmetic
+(token-weighted accumulation, sync, clipping) is in step.py; alerts and their policies (skip,
+rollback, stop) in alerts.py; metrics.jsonl, validation and per-layer update ratios in monitors.py.
+metrics.jsonl gets the data plan, stage changes, the realized mixture per window (with drift alerts),
+alerts and skips, and the share of step time spent waiting for data. Rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -16,23 +18,34 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from tqdm import tqdm
 
 from smelt.checkpoint.store import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
 from smelt.config import Config, TrainConfig, hash_json
 from smelt.errors import ConfigError, UserError
 from smelt.model.flops import count_params, flops_per_token
-from smelt.model.transformer import IGNORE_INDEX, Transformer, doc_ids_from_tokens, position_ids_from_doc_ids
+from smelt.model.transformer import Transformer
 from smelt.progress import log, progress
-from smelt.train.optim import build_optimizer
-from smelt.train.precision import Precision, peak_flops, resolve_precision
-from smelt.train.schedule import lr_at, warmup_steps
+from smelt.train.alerts import AlertPolicy, SpikeMonitor
+from smelt.train.distributed import (
+    DistContext,
+    device_for,
+    env_world,
+    init_distributed,
+    rank_seed,
+    shutdown,
+    wrap_model,
+)
+from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, evaluate
+from smelt.train.optim import build_optimizer, set_lr
+from smelt.train.precision import peak_flops, resolve_precision
+from smelt.train.schedule import Schedule, warmup_steps
+from smelt.train.step import finish_grads, forward_backward
 
 
 @dataclass(frozen=True)
@@ -98,78 +111,6 @@ def has_tokens(split_dir: Path) -> bool:
     return split_dir.is_dir() and any(p.stat().st_size > 0 for p in split_dir.rglob("*.bin"))
 
 
-class MetricsLog:
-    """Append-only metrics.jsonl; each line is flushed so a crash loses nothing already logged."""
-
-    def __init__(self, path: Path, enabled: bool = True, append: bool = False) -> None:
-        self.enabled = enabled
-        self.file = None
-        if enabled:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-
-
-@torch.no_grad()
-def evaluate(
-    model: torch.nn.Module,
-    windows: Iterable[np.ndarray],
-    seq_len: int,
-    batch_size: int,
-    precision: Precision,
-    device: torch.device,
-    eos_id: int | None = None,
-) -> tuple[float, int]:
-    """Mean next-token loss over windows of up to seq_len + 1 tokens, and the number of tokens scored.
-
-    Short windows (the tail of the split) are padded; padded targets are ignored. With `eos_id` the
-    model attends within documents only, with positions restarting at each (as trained with
-    train.doc_masking).
-    """
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-
-    def score(batch: list[np.ndarray]) -> None:
-        nonlocal total, count
-        x = torch.zeros(len(batch), seq_len, dtype=torch.long)
-        y = torch.full((len(batch), seq_len), IGNORE_INDEX, dtype=torch.long)
-        for i, w in enumerate(batch):
-            w = torch.from_numpy(np.asarray(w, dtype=np.int64))
-            x[i, : len(w) - 1] = w[:-1]
-            y[i, : len(w) - 1] = w[1:]
-        x, y = x.to(device), y.to(device)
-        docs = {}
-        if eos_id is not None:
-            doc_ids = doc_ids_from_tokens(x, eos_id)
-            docs = {"doc_ids": doc_ids, "position_ids": position_ids_from_doc_ids(doc_ids)}
-        with precision.autocast():
-            _, losses = model(x, y, reduction="none", **docs)
-        total += losses.double().sum().item()
-        count += int((y != IGNORE_INDEX).sum())
-
-    batch: list[np.ndarray] = []
-    for window in windows:
-        if len(window) < 2:
-            continue
-        batch.append(window)
-        if len(batch) == batch_size:
-            score(batch)
-            batch = []
-    if batch:
-        score(batch)
-    model.train(was_training)
-    return (total / count if count else float("nan")), count
-
-
 def _rng_state(device: torch.device) -> dict[str, Any]:
     state: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
     if device.type == "cuda":
@@ -205,6 +146,35 @@ def resolve_resume(resume: str | Path | None, checkpoints_dir: Path) -> Path | N
     return path
 
 
+def _alert_policy(tc: TrainConfig) -> AlertPolicy:
+    return AlertPolicy(
+        window=tc.alert_window,
+        min_history=tc.alert_min_history,
+        loss_std=tc.loss_spike_std,
+        grad_alert_factor=tc.grad_alert_factor,
+        grad_spike_factor=tc.grad_spike_factor,
+        on_nonfinite=tc.on_nonfinite,
+        on_loss_spike=tc.on_loss_spike,
+        on_grad_spike=tc.on_grad_spike,
+        max_consecutive_skips=tc.max_consecutive_skips,
+    )
+
+
+def build_schedule(tc: TrainConfig, plan: BatchPlan, stage_first_steps: list[int]) -> Schedule:
+    """The run's LR schedule; stage_first_steps are the 1-based first steps of every stage."""
+    warmup = warmup_steps(tc.warmup_tokens, tc.tokens, plan.batch_tokens, plan.steps)
+    rewarmup = round(tc.rewarmup_tokens / plan.batch_tokens) if tc.rewarmup_tokens else 0
+    try:
+        return Schedule(
+            kind=tc.schedule, lr=tc.lr, warmup=warmup, total_steps=plan.steps, min_lr_ratio=tc.min_lr_ratio,
+            decay_fraction=tc.decay_fraction, decay_shape=tc.decay_shape, decay_start=tc.decay_start_step,
+            milestones=tuple(tc.milestones), gamma=tc.step_gamma, rewarmup=max(rewarmup, 1 if rewarmup else 0),
+            stage_starts=tuple(first - 1 for first in stage_first_steps if first > 1),
+        )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def train(
     cfg: Config, tokens_dir: Path, tokenizer_dir: Path, out_dir: Path, resume: str | Path | None = None
 ) -> dict[str, Any]:
@@ -213,20 +183,39 @@ def train(
     `resume`: None starts fresh; "auto" continues from the latest committed checkpoint under
     out_dir/checkpoints when there is one; a checkpoint directory continues from it. A resumed run
     restores weights, optimizer, RNG and loader state and appends to metrics.jsonl. Returns a summary.
+    Under torchrun every rank calls this; rank 0 alone writes metrics.
     """
-    from smelt.tokens.loader import TokenLoader, eval_windows  # lazy: tokens/ is a sibling stage
-    from smelt.tokens.mixture import MixtureMonitor
-
     started = time.time()
     tokens_dir, tokenizer_dir, out_dir = Path(tokens_dir), Path(tokenizer_dir), Path(out_dir)
     tc = cfg.train
-    # Under torchrun these come from the launcher; process groups are set up by the distributed issue.
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    is_main = rank == 0
+    resolve_device(tc.device)  # validates the name with a clear message
+    _, _, local_rank = env_world()
+    device = device_for(tc.device, local_rank)
+    ctx = init_distributed(device)
+    try:
+        return _train(cfg, tokens_dir, tokenizer_dir, out_dir, resume, ctx, device, started)
+    finally:
+        shutdown(ctx)
 
+
+def _train(
+    cfg: Config,
+    tokens_dir: Path,
+    tokenizer_dir: Path,
+    out_dir: Path,
+    resume: str | Path | None,
+    ctx: DistContext,
+    device: torch.device,
+    started: float,
+) -> dict[str, Any]:
+    """The run itself, inside the process group that `train` sets up and always tears down."""
+    from smelt.tokens.loader import TokenLoader, eval_windows  # lazy: tokens/ is a sibling stage
+    from smelt.tokens.mixture import MixtureMonitor
+
+    tc = cfg.train
+    rank, world_size = ctx.rank, ctx.world_size
+    sharded = ctx.distributed and tc.parallel == "fsdp"
     plan = batch_plan(tc, world_size)
-    device = resolve_device(tc.device)
     precision = resolve_precision(tc.precision, device)
     torch.set_num_threads(tc.threads or os.cpu_count() or 1)
     vocab_size = read_vocab_size(tokenizer_dir)
@@ -236,27 +225,38 @@ def train(
             f"Run `smelt tokenize CONFIG` first, or check the tokens directory."
         )
     have_val = has_tokens(tokens_dir / "val")
+    val_sources = sorted(d.name for d in (tokens_dir / "val").iterdir() if has_tokens(d)) if have_val else []
     eos_id = int(json.loads((tokens_dir / "meta.json").read_text())["eos_id"]) if tc.doc_masking else None
 
+    # Every rank builds the same initial weights from the run seed; per-rank randomness after that
+    # comes from a derived seed (see distributed.rank_seed).
     torch.manual_seed(cfg.run.seed)
     model = Transformer(cfg.model, vocab_size).to(device)
-    forward = torch.compile(model) if tc.compile else model
+    torch.manual_seed(rank_seed(cfg.run.seed, rank, "train"))
+    wrapped = wrap_model(model, tc.parallel, ctx, device)
+    forward = torch.compile(wrapped) if tc.compile else wrapped
     optimizer = build_optimizer(model, tc, device)
     scaler = precision.grad_scaler()
     loader = TokenLoader.from_config(cfg, tokens_dir, tokenizer_dir, rank, world_size)
     data_plan = loader.plan
     assert data_plan.steps == plan.steps and loader.per_rank // loader.micro_batch == plan.grad_accum
-    monitor = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
+    mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
+    spikes = SpikeMonitor(_alert_policy(tc))
+    ratios = UpdateRatioMonitor(model, sharded) if tc.monitor_every else None
 
     params = count_params(cfg.model, vocab_size)
     flops_tok = flops_per_token(cfg.model, vocab_size, tc.seq_len)
     peak = peak_flops(device, precision)
-    warmup = warmup_steps(tc.warmup_tokens, tc.tokens, plan.batch_tokens, plan.steps)
+    peak_total = peak * world_size if peak else None
+    schedule = build_schedule(tc, plan, [stage.first_step for stage in data_plan.stages])
     checkpoints_dir = out_dir / "checkpoints"
     config_dict = cfg.to_dict()
+    # The checkpoint store writes its directory from every process; until it is rank-aware,
+    # multi-process runs train without checkpoints (and rollback falls back to skip).
+    can_checkpoint = not ctx.distributed
 
     start_step = 0
-    resume_from = resolve_resume(resume, checkpoints_dir)
+    resume_from = resolve_resume(resume, checkpoints_dir) if can_checkpoint else None
     if resume_from is not None:
         ckpt_meta, train_state = load_training_state(resume_from, model, optimizer)
         start_step = int(ckpt_meta["step"])
@@ -270,38 +270,56 @@ def train(
         _restore_rng(train_state["rng"], device)
         if scaler is not None and train_state.get("scaler"):
             scaler.load_state_dict(train_state["scaler"])
-        monitor.resume(start_step + 1, loader.source_counts)
+        if train_state.get("alerts"):
+            spikes.load_state_dict(train_state["alerts"])
+        mixture.resume(start_step + 1, loader.source_counts)
 
-    metrics = MetricsLog(out_dir / "metrics.jsonl", enabled=is_main, append=resume_from is not None)
+    metrics = MetricsLog(out_dir / "metrics.jsonl", enabled=ctx.is_main, append=resume_from is not None)
     start_tokens = start_step * plan.batch_tokens
     metrics.write({
         "kind": "event", "step": start_step, "tokens": start_tokens,
         "event": "start" if resume_from is None else "resume", "steps": plan.steps,
-        "batch_tokens": plan.batch_tokens, "grad_accum": plan.grad_accum, "warmup_steps": warmup,
-        "precision": precision.name, "device": str(device), "params_total": params["total"],
-        "params_non_embedding": params["non_embedding"], "flops_per_token": flops_tok, "peak_flops": peak,
-        "world_size": world_size, "config_hash": hash_json(config_dict), "doc_masking": tc.doc_masking,
-        **({"from": str(resume_from)} if resume_from is not None else {}),
+        "batch_tokens": plan.batch_tokens, "grad_accum": plan.grad_accum, "warmup_steps": schedule.warmup,
+        "schedule": schedule.kind, "precision": precision.name, "device": str(device),
+        "params_total": params["total"], "params_non_embedding": params["non_embedding"],
+        "flops_per_token": flops_tok, "peak_flops": peak_total, "world_size": world_size,
+        "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(config_dict),
+        "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
     })  # fmt: skip
     if resume_from is None:
-        log(data_plan.table())
+        if ctx.is_main:
+            log(data_plan.table())
         metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "data_plan", **data_plan.summary()})
         for warning in data_plan.warnings:
-            log(f"warning: {warning}")
+            if ctx.is_main:
+                log(f"warning: {warning}")
             metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "warning", "message": warning})
+    if not can_checkpoint:
+        metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "note",
+                       "message": "multi-process run: checkpoints are not written yet (store is single-writer)"})  # fmt: skip
 
     def run_eval(step: int) -> float | None:
         if not have_val:
             return None
-        windows = eval_windows(tokens_dir, "val", tc.seq_len, max_tokens=tc.eval_tokens)
-        val_loss, scored = evaluate(forward, windows, tc.seq_len, tc.micro_batch, precision, device, eos_id)
+
+        def score(source: str | None) -> tuple[float, int]:
+            windows = eval_windows(tokens_dir, "val", tc.seq_len, max_tokens=tc.eval_tokens, source=source)
+            return evaluate(forward, windows, tc.seq_len, tc.micro_batch, precision, device, eos_id)
+
+        val_loss, scored = score(None)
         if scored == 0:
             return None
+        # With several sources, each gets its own loss on its own first eval_tokens: an aggregate can
+        # fall while one domain regresses.
+        by_source = {s: score(s)[0] for s in val_sources} if len(val_sources) > 1 else {}
         metrics.write({"kind": "eval", "step": step, "tokens": step * plan.batch_tokens,
-                       "val_loss": val_loss, "val_tokens": scored})  # fmt: skip
+                       "val_loss": val_loss, "val_tokens": scored,
+                       **({"val_loss_by_source": by_source} if by_source else {})})  # fmt: skip
         return val_loss
 
-    def checkpoint(step: int) -> Path:
+    def checkpoint(step: int) -> Path | None:
+        if not can_checkpoint:
+            return None
         loader_state = loader.state_dict()
         meta = {
             "tokens": step * plan.batch_tokens,
@@ -317,25 +335,34 @@ def train(
             "rng": _rng_state(device),
             "loader": loader_state,
             "scaler": scaler.state_dict() if scaler is not None else None,
+            "alerts": spikes.state_dict(),
         }
         path = save_checkpoint(checkpoints_dir, step, model, optimizer, meta, train_state)
         metrics.write({"kind": "event", "step": step, "tokens": step * plan.batch_tokens,
                        "event": "checkpoint", "path": str(path)})  # fmt: skip
         return path
 
+    def fail(step: int, message: str) -> RuntimeError:
+        metrics.write({"kind": "event", "step": step, "tokens": step * plan.batch_tokens,
+                       "event": "end", "status": "failed", "error": message})  # fmt: skip
+        return RuntimeError(message)
+
     if not have_val and resume_from is None:
         note = f"no validation tokens under {tokens_dir / 'val'}; skipping validation"
-        log(note)
+        if ctx.is_main:
+            log(note)
         metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "note", "message": note})
 
-    bar = progress(total=plan.steps, unit="step")
+    bar = progress(total=plan.steps, unit="step") if ctx.is_main else tqdm(disable=True)
     bar.update(start_step)
     window_losses: list[float] = []
+    window_clipped = window_skipped = window_steps = 0
     window_time, window_wait, train_time, total_wait = 0.0, 0.0, 0.0, 0.0
     last_log_loss = float("nan")
     last_val: float | None = None
-    summary_tps = 0.0
-    model.train()
+    final: Path | None = None
+    skipped_total = rollbacks = 0
+    wrapped.train()
     try:
         for step in range(start_step + 1, plan.steps + 1):
             t0 = time.perf_counter()
@@ -347,85 +374,125 @@ def train(
                                "event": "stage", "stage": stage.name, "index": stage.index,
                                "first_step": stage.first_step, "last_step": stage.last_step,
                                "weights": stage.weights})  # fmt: skip
-            lr = lr_at(
-                step - 1, lr=tc.lr, warmup=warmup, total_steps=plan.steps, min_lr_ratio=tc.min_lr_ratio
+            lr = schedule(step - 1)
+            set_lr(optimizer, lr)
+            loss_t, _ = forward_backward(
+                wrapped, forward, data.micro, precision=precision, scaler=scaler, mode=tc.parallel,
+                world_size=world_size, doc_masking=tc.doc_masking, device=device,
+            )  # fmt: skip
+            norm_t = finish_grads(model, optimizer, scaler, tc.grad_clip, sharded)
+            loss_value, norm_value = (
+                float(v) for v in torch.stack([loss_t.float(), norm_t.float().cpu()]).tolist()
             )
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = torch.zeros((), device=device)
-            for micro in data.micro:
-                # Under DDP: no_sync() on all but the last micro step.
-                batch = micro.to(device, non_blocking=True)
-                docs = (
-                    {"doc_ids": batch.doc_ids, "position_ids": batch.position_ids} if tc.doc_masking else {}
-                )
-                with precision.autocast():
-                    _, parts = forward(batch.inputs, batch.targets, loss_parts=True, **docs)
-                # Equal token counts per micro batch, so the mean of means is the batch mean. The logged
-                # loss is the cross-entropy; the optimized one adds the z-loss when model.z_loss > 0.
-                loss = parts["loss"] / plan.grad_accum
-                loss_sum += parts["ce"].detach() / plan.grad_accum
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            if tc.grad_clip > 0:
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            else:
-                grad_norm = torch.nn.utils.get_total_norm(
-                    [p.grad for p in model.parameters() if p.grad is not None]
-                )
-            loss_value, norm_value = loss_sum.item(), grad_norm.item()  # one host sync per step
-            # fp16's scaler skips steps with inf gradients by design; otherwise a non-finite norm is fatal.
-            if not math.isfinite(loss_value) or (scaler is None and not math.isfinite(norm_value)):
-                what = (
-                    f"loss is {loss_value}" if not math.isfinite(loss_value) else f"grad norm is {norm_value}"
-                )
-                metrics.write({"kind": "event", "step": step, "tokens": step * plan.batch_tokens,
-                               "event": "end", "status": "failed", "error": f"{what} at step {step}"})  # fmt: skip
-                raise RuntimeError(
-                    f"training diverged: {what} at step {step} (lr {lr:.3g}). Lower train.lr, raise "
-                    f"train.warmup_tokens or keep train.grad_clip on, then rerun."
-                )
-            if scaler is not None:
-                scaler.step(optimizer)
+            tokens_now = step * plan.batch_tokens
+            overflow = scaler is not None and math.isfinite(loss_value) and not math.isfinite(norm_value)
+            alerts = [] if overflow else spikes.check(loss_value, norm_value)
+            action = SpikeMonitor.action(alerts)
+            for alert in alerts:
+                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "alert",
+                               "alert": alert.kind, "action": alert.action, "message": alert.message,
+                               "value": alert.value if math.isfinite(alert.value) else str(alert.value),
+                               "threshold": alert.threshold})  # fmt: skip
+            if action == "rollback" and (not can_checkpoint or latest_checkpoint(checkpoints_dir) is None):
+                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "note",
+                               "message": "rollback requested but no checkpoint to roll back to: skipping"})  # fmt: skip
+                action = "skip"
+            if action == "stop":
+                raise fail(step, f"training stopped by alert at step {step}: {alerts[-1].message}")
+            if ratios is not None and action == "apply" and not overflow and step % tc.monitor_every == 0:
+                ratios.snapshot()
+            if overflow:
+                assert scaler is not None
+                scaler.step(optimizer)  # sees the inf gradients and skips the update
                 scaler.update()
-            else:
-                optimizer.step()
+                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "overflow",
+                               "loss_scale": scaler.get_scale()})  # fmt: skip
+            elif action == "apply":
+                if scaler is not None:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                spikes.applied(loss_value, norm_value)
+            elif action == "rollback":
+                target = latest_checkpoint(checkpoints_dir)
+                assert target is not None
+                back_meta, back_state = load_training_state(target, model, optimizer)
+                if scaler is not None and back_state.get("scaler"):
+                    scaler.load_state_dict(back_state["scaler"])
+                rollbacks += 1
+                # The loader is not rewound: the steps between the checkpoint and this one are the
+                # data window that is skipped (the PaLM recipe). The LR schedule keeps following the step.
+                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "rollback",
+                               "to_step": int(back_meta["step"]), "path": str(target),
+                               "skipped_steps": [int(back_meta["step"]) + 1, step]})  # fmt: skip
+            if action in ("skip", "rollback"):
+                skipped_total += 1
+                window_skipped += 1
+                if action == "skip":
+                    metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "skip",
+                                   "loss": loss_value if math.isfinite(loss_value) else str(loss_value),
+                                   "grad_norm": norm_value if math.isfinite(norm_value) else str(norm_value)})  # fmt: skip
+                if spikes.skipped():
+                    raise fail(step, (
+                        f"training stopped: {spikes.consecutive_skips} consecutive steps skipped or rolled back "
+                        f"(train.max_consecutive_skips); the last at step {step}: {alerts[-1].message} "
+                        f"(lr {lr:.3g}). Lower train.lr, raise train.warmup_tokens or check the data, then rerun."
+                    ))  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
+            if ratios is not None and ratios.before is not None:
+                metrics.write(
+                    {"kind": "layers", "step": step, "tokens": tokens_now, "layers": ratios.measure()}
+                )
             dt = time.perf_counter() - t0
             window_time += dt
             window_wait += wait
+            window_steps += 1
             train_time += dt
             total_wait += wait
-            window_losses.append(loss_value)
+            if math.isfinite(loss_value):
+                window_losses.append(loss_value)
+            window_clipped += int(action == "apply" and tc.grad_clip > 0 and norm_value > tc.grad_clip)
             bar.update(1)
-            for event in monitor.update(step, data.source_counts):
+            for event in mixture.update(step, data.source_counts):
                 metrics.write(event)
 
             if step == 1 or step % tc.log_every == 0 or step == plan.steps:
-                tps = len(window_losses) * plan.batch_tokens / max(window_time, 1e-9)
-                last_log_loss = sum(window_losses) / len(window_losses)
+                steps_in_window = max(1, window_steps)
+                tps = steps_in_window * plan.batch_tokens / max(window_time, 1e-9)
+                last_log_loss = sum(window_losses) / len(window_losses) if window_losses else float("nan")
                 metrics.write({
-                    "kind": "train", "step": step, "tokens": step * plan.batch_tokens, "loss": last_log_loss,
-                    "lr": lr, "grad_norm": norm_value, "clipped": bool(tc.grad_clip > 0 and norm_value > tc.grad_clip),
-                    "tokens_per_s": tps, "mfu": flops_tok * tps / peak if peak else None,
-                    "stage": stage.name, "loader_wait_s": window_wait / len(window_losses),
+                    "kind": "train", "step": step, "tokens": tokens_now,
+                    "loss": last_log_loss if window_losses else None, "lr": lr,
+                    "grad_norm": norm_value if math.isfinite(norm_value) else None,
+                    "grad_norm_clipped": _clipped_norm(norm_value, tc.grad_clip),
+                    "clipped": bool(tc.grad_clip > 0 and norm_value > tc.grad_clip),
+                    "clip_fraction": window_clipped / steps_in_window, "skipped": window_skipped,
+                    "tokens_per_s": tps, "mfu": flops_tok * tps / peak_total if peak_total else None,
+                    "stage": stage.name, "loader_wait_s": window_wait / steps_in_window,
                     "loader_wait_share": window_wait / max(window_time, 1e-9),
+                    "memory_mb": _memory_mb(device),
+                    **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
                     "elapsed_s": time.time() - started,
                 })  # fmt: skip
-                bar.set_postfix(loss=f"{last_log_loss:.3f}", tok_s=f"{tps:,.0f}", refresh=False)
+                if window_losses:
+                    bar.set_postfix(loss=f"{last_log_loss:.3f}", tok_s=f"{tps:,.0f}", refresh=False)
                 window_losses, window_time, window_wait = [], 0.0, 0.0
+                window_clipped = window_skipped = window_steps = 0
             if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
                 last_val = run_eval(step)
-            if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+            if (can_checkpoint and step < plan.steps and cfg.checkpoint.every_steps
+                    and step % cfg.checkpoint.every_steps == 0):  # fmt: skip
                 checkpoint(step)
                 prune_checkpoints(checkpoints_dir, cfg.checkpoint.keep_last)
         last_val = run_eval(plan.steps)
         final = checkpoint(plan.steps)
-        prune_checkpoints(checkpoints_dir, cfg.checkpoint.keep_last, protect=(final,))
+        if final is not None:
+            prune_checkpoints(checkpoints_dir, cfg.checkpoint.keep_last, protect=(final,))
         summary_tps = (plan.steps - start_step) * plan.batch_tokens / max(train_time, 1e-9)
         metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
-                       "status": "ok", "wall_time_s": time.time() - started})  # fmt: skip
+                       "status": "ok", "wall_time_s": time.time() - started, "skipped_steps": skipped_total,
+                       "rollbacks": rollbacks})  # fmt: skip
     finally:
         loader.close()
         bar.close()
@@ -439,14 +506,36 @@ def train(
         "final_train_loss": last_log_loss,
         "final_val_loss": last_val,
         "tokens_per_s": summary_tps,
-        "mfu": flops_tok * summary_tps / peak if peak else None,
+        "mfu": flops_tok * summary_tps / peak_total if peak_total else None,
         "loader_wait_share": total_wait / max(train_time, 1e-9),
         "stages": [stage.name for stage in data_plan.stages],
         "resumed_from_step": start_step if resume_from is not None else None,
+        "skipped_steps": skipped_total,
+        "rollbacks": rollbacks,
         "flops_per_token": flops_tok,
-        "peak_flops": peak,
+        "peak_flops": peak_total,
         "precision": precision.name,
         "device": str(device),
-        "checkpoint": str(final),
+        "world_size": world_size,
+        "rank": rank,
+        "checkpoint": str(final) if final is not None else None,
         "wall_time_s": time.time() - started,
     }
+
+
+def _clipped_norm(norm: float, clip: float) -> float | None:
+    if not math.isfinite(norm):
+        return None
+    return min(norm, clip) if clip > 0 else norm
+
+
+def _memory_mb(device: torch.device) -> float | None:
+    """Peak accelerator memory on CUDA, else this process's peak RSS (what limits a CPU run)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    except ImportError:  # not on POSIX
+        return None

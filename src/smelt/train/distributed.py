@@ -1,0 +1,166 @@
+"""Process groups, model wrapping (DDP or FSDP2) and the collectives the trainer needs.
+
+Under `torchrun` the launcher sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT; a plain
+`python` run has none of them and is a world of one, with no process group at all, so the single
+process path has no collective overhead and stays bitwise reproducible. NCCL on GPUs, gloo on CPU.
+
+Seeds: ranks must agree on everything that defines the model (the initial weights: FSDP2 shards a
+full init, DDP checks and broadcasts it) and must differ on anything that should be independent per
+rank (dropout masks, sampling). `rank_seed` derives the second kind from the run seed and the rank,
+so a copy-pasted seed can never make two ranks draw the same "random" numbers — the tensor-parallel
+same-seed bug that cost one team a restart — and a new world size never changes the initial weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from smelt.errors import ConfigError
+
+MODES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    owns_group: bool  # this module created the process group, so it also destroys it
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the torchrun environment; (0, 1, 0) outside it."""
+    return (
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("WORLD_SIZE", "1")),
+        int(os.environ.get("LOCAL_RANK", "0")),
+    )
+
+
+def device_for(name: str, local_rank: int) -> torch.device:
+    """The device this process trains on: under torchrun "auto"/"cuda" means cuda:LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", local_rank)
+    return device
+
+
+def init_distributed(device: torch.device) -> DistContext:
+    """Join the torchrun process group (nccl on CUDA, gloo on CPU); a no-op for a single process."""
+    rank, world_size, local_rank = env_world()
+    if world_size <= 1:
+        return DistContext(0, 1, 0, owns_group=False)
+    if dist.is_initialized():
+        return DistContext(dist.get_rank(), dist.get_world_size(), local_rank, owns_group=False)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
+    return DistContext(rank, world_size, local_rank, owns_group=True)
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank_seed(seed: int, rank: int, purpose: str) -> int:
+    """A per-rank seed for randomness that must differ across ranks, stable across runs and machines."""
+    digest = hashlib.sha256(f"{seed}:{purpose}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def wrap_model(model: nn.Module, mode: str, ctx: DistContext, device: torch.device) -> nn.Module:
+    """DDP or FSDP2 around `model` for a multi-process run; the model itself for a single process.
+
+    FSDP2 shards each transformer block as its own unit and the rest (embedding, final norm and the
+    head, which may be tied to the embedding and must then live in one unit) at the root.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"train.parallel = {mode!r} is not one of {', '.join(MODES)}.")
+    if not ctx.distributed:
+        return model
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    for block in model.blocks:  # type: ignore[attr-defined]
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+@contextlib.contextmanager
+def grad_sync(model: nn.Module, mode: str, sync: bool) -> Iterator[None]:
+    """Synchronise gradients only on the last micro step of an accumulation (the others stay local)."""
+    if sync or not dist.is_initialized():
+        yield
+        return
+    if mode == "ddp" and hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+        return
+    if mode == "fsdp" and hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+        return
+    yield
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum across ranks in place (identity for a single process); returns the tensor."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    # FSDP2 gradients are DTensors sharded over ranks; each rank squares and sums its own shard.
+    return grad.to_local() if hasattr(grad, "to_local") else grad
+
+
+def global_grad_norm(params: Iterable[nn.Parameter], sharded: bool) -> torch.Tensor:
+    """The L2 norm of all gradients together, in fp32, identical on every rank.
+
+    Replicated gradients (single process, DDP after its all-reduce) are summed locally; sharded ones
+    (FSDP2) are summed per shard and then across ranks, so the norm is the full model's.
+    """
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+    if sharded:
+        all_reduce_sum(squares)
+    return squares.sqrt()
+
+
+def clip_grads_(params: Iterable[nn.Parameter], norm: torch.Tensor, max_norm: float) -> None:
+    """Scale all gradients by min(1, max_norm / norm): the global-norm clip, after accumulation."""
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for p in params:
+        if p.grad is not None:
+            _local(p.grad).mul_(coef.to(_local(p.grad).device, _local(p.grad).dtype))

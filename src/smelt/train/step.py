@@ -1,0 +1,71 @@
+"""One optimizer step's arithmetic: token-weighted accumulation, gradient sync, global-norm clipping.
+
+Kept apart from the loop so the numbers that decide "the same config on 1 or 2 processes makes the
+same updates" live in one short function:
+- every micro batch's mean loss is weighted by its share of the step's *global* target tokens (summed
+  over micro steps and ranks), so the gradient is the token mean over the whole global batch however
+  it is split; DDP and FSDP average gradients over ranks, hence the factor world_size;
+- gradients are synchronised on the last micro step only (no_sync / set_requires_gradient_sync);
+- the norm is taken after accumulation, after the all-reduce or reduce-scatter, after fp16
+  unscaling, in fp32, over the whole model (across FSDP shards); the clip uses that one norm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from smelt.model.transformer import IGNORE_INDEX
+from smelt.train.distributed import all_reduce_sum, clip_grads_, global_grad_norm, grad_sync
+from smelt.train.precision import Precision
+
+
+def forward_backward(
+    model: nn.Module,
+    forward: Callable[..., Any],
+    micro: Sequence[Any],
+    *,
+    precision: Precision,
+    scaler: torch.amp.GradScaler | None,
+    mode: str,
+    world_size: int,
+    doc_masking: bool,
+    device: torch.device,
+) -> tuple[torch.Tensor, int]:
+    """Accumulate the step's gradients; returns (the global token-mean cross-entropy, global tokens)."""
+    counts = [int((m.targets != IGNORE_INDEX).sum()) for m in micro]  # on the host: no device sync
+    total = torch.tensor(float(sum(counts)), dtype=torch.float64)
+    global_tokens = max(1, int(all_reduce_sum(total).item()))
+    ce_sum = torch.zeros((), device=device, dtype=torch.float32)
+    for i, m in enumerate(micro):
+        batch = m.to(device, non_blocking=True)
+        docs = {"doc_ids": batch.doc_ids, "position_ids": batch.position_ids} if doc_masking else {}
+        weight = counts[i] / global_tokens
+        with grad_sync(model, mode, sync=i == len(micro) - 1):
+            with precision.autocast():
+                _, parts = forward(batch.inputs, batch.targets, loss_parts=True, **docs)
+            # The logged loss is the cross-entropy; the optimized one adds the z-loss when enabled.
+            loss = parts["loss"] * (weight * world_size)
+            ce_sum += parts["ce"].detach().float() * weight
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+    return all_reduce_sum(ce_sum), global_tokens
+
+
+def finish_grads(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler | None,
+    grad_clip: float,
+    sharded: bool,
+) -> torch.Tensor:
+    """Unscale (fp16), take the global gradient norm and clip to grad_clip; returns the pre-clip norm."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = global_grad_norm(params, sharded)
+    if grad_clip > 0 and bool(torch.isfinite(norm)):
+        clip_grads_(params, norm, grad_clip)
+    return norm

@@ -1,0 +1,94 @@
+"""Spike alerts and their policies: log, skip, rollback (PaLM), stop, and the cap on skips."""
+
+import math
+
+import pytest
+
+from smelt.model.transformer import Transformer
+from smelt.train.alerts import AlertPolicy, SpikeMonitor
+from smelt.train.trainer import train
+
+from .test_trainer import data, read_metrics, tiny_config  # noqa: F401 - the data fixture
+
+
+def warm(monitor: SpikeMonitor, n: int = 30) -> None:
+    for i in range(n):
+        monitor.applied(3.0 + 0.01 * (i % 3), 1.0 + 0.1 * (i % 2))
+
+
+def test_spike_monitor_thresholds():
+    monitor = SpikeMonitor(AlertPolicy(min_history=20))
+    assert monitor.check(100.0, 100.0) == []  # no history yet: warmup is noisy
+    warm(monitor)
+    assert monitor.check(3.01, 1.05) == []
+    loss_spike = monitor.check(3.5, 1.0)
+    assert [a.kind for a in loss_spike] == ["loss_spike"] and SpikeMonitor.action(loss_spike) == "apply"
+    assert [a.kind for a in monitor.check(3.0, 4.0)] == ["grad_alert"]  # > 3x the median: log only
+    grad_spike = monitor.check(3.0, 6.0)  # > 5x: the configured action, skip by default
+    assert [a.kind for a in grad_spike] == ["grad_spike"] and SpikeMonitor.action(grad_spike) == "skip"
+    nan = monitor.check(float("nan"), 1.0)
+    assert nan[0].kind == "nonfinite" and SpikeMonitor.action(nan) == "skip"
+    assert SpikeMonitor.action(monitor.check(3.0, math.inf)) == "skip"
+
+
+def test_skip_cap_and_state_round_trip():
+    monitor = SpikeMonitor(AlertPolicy(max_consecutive_skips=2))
+    warm(monitor)
+    assert monitor.skipped() is False and monitor.skipped() is True
+    monitor.applied(3.0, 1.0)
+    assert monitor.consecutive_skips == 0
+    other = SpikeMonitor(AlertPolicy())
+    other.load_state_dict(monitor.state_dict())
+    assert other.state_dict() == monitor.state_dict()
+    with pytest.raises(ValueError, match="on_grad_spike"):
+        SpikeMonitor(AlertPolicy(on_grad_spike="panic"))
+
+
+def spike_at(monkeypatch, steps: set[int], micro_per_step: int) -> None:
+    """Multiply the loss by 100 during the given optimizer steps (counted through forward calls)."""
+    real_forward = Transformer.forward
+    calls = {"n": 0}
+
+    def spiky(self, idx, targets=None, **kw):
+        logits, loss = real_forward(self, idx, targets, **kw)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if (calls["n"] - 1) // micro_per_step + 1 in steps:
+                loss = {k: v * 100 for k, v in loss.items()} if isinstance(loss, dict) else loss * 100
+        return logits, loss
+
+    monkeypatch.setattr(Transformer, "forward", spiky)
+
+
+def test_grad_spike_is_skipped(data, tmp_path, monkeypatch):  # noqa: F811
+    tokens, tokenizer = data
+    spike_at(monkeypatch, {7}, micro_per_step=2)
+    summary = train(tiny_config(alert_min_history=3, eval_every=0), tokens, tokenizer, tmp_path / "run")
+    lines = read_metrics(tmp_path / "run")
+    alerts = [r for r in lines if r.get("event") == "alert"]
+    assert {a["alert"] for a in alerts} == {"loss_spike", "grad_spike"} and {a["step"] for a in alerts} == {7}
+    assert [r["step"] for r in lines if r.get("event") == "skip"] == [7]
+    assert summary["skipped_steps"] == 1 and summary["rollbacks"] == 0
+
+
+def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch):  # noqa: F811
+    tokens, tokenizer = data
+    spike_at(monkeypatch, {6}, micro_per_step=2)
+    cfg = tiny_config(alert_min_history=3, eval_every=0, on_loss_spike="rollback")
+    summary = train(cfg, tokens, tokenizer, tmp_path / "run")
+    lines = read_metrics(tmp_path / "run")
+    rollback = [r for r in lines if r.get("event") == "rollback"]
+    assert len(rollback) == 1 and rollback[0]["to_step"] == 4 and rollback[0]["skipped_steps"] == [5, 6]
+    assert summary["rollbacks"] == 1 and summary["steps"] == 12
+    end = lines[-1]
+    assert end["event"] == "end" and end["status"] == "ok" and end["rollbacks"] == 1
+
+
+def test_rollback_without_a_checkpoint_falls_back_to_skip(data, tmp_path, monkeypatch):  # noqa: F811
+    tokens, tokenizer = data
+    spike_at(monkeypatch, {3}, micro_per_step=2)
+    cfg = tiny_config(alert_min_history=2, eval_every=0, on_loss_spike="rollback", tokens=256 * 4)
+    summary = train(cfg, tokens, tokenizer, tmp_path / "run")
+    lines = read_metrics(tmp_path / "run")
+    assert any("no checkpoint to roll back to" in r.get("message", "") for r in lines)
+    assert [r["step"] for r in lines if r.get("event") == "skip"] == [3] and summary["rollbacks"] == 0
