@@ -1,9 +1,9 @@
 """The curate stage: raw files -> documents (parquet parts per split and source) + stats.
 
 Order of steps (design section 5): read (+ extraction) -> normalize -> language id -> heuristic filters
--> length filter -> quality scoring -> PII -> unique ids -> exact dedup -> [MinHash near-dedup] ->
-[decontamination] -> split. Bracketed steps belong to the dedup issue: insert a `CorpusStep` into
-`build_steps` at the marked place.
+-> length filter -> quality scoring -> PII -> unique ids -> exact dedup -> MinHash near-dedup ->
+boilerplate line removal -> quality top fraction -> decontamination -> split (dedup before the split,
+so a near-duplicate cluster never straddles splits; decontamination last, on what would be trained on).
 
 Execution is map/reduce over work shards (see data/shards.py):
 * map: the leading per-document steps run on each shard in a process pool; each shard writes its
@@ -12,6 +12,9 @@ Execution is map/reduce over work shards (see data/shards.py):
 * reduce: the corpus steps (id uniqueness, dedup, split) stream over the shards' documents in canonical
   order and the writer streams parts out; memory holds one shard's documents per worker, one part per
   writer, and a 16-byte digest per document for the dedup and id checks.
+Near-dedup plans between the two phases (dedup/near.py): MinHash signatures per map shard in the process
+pool, LSH buckets on disk within `data.near_dedup.memory_mb`, union-find clusters; the reduce step then
+applies the decisions.
 Quality scoring and PII run in the map phase, before dedup: both are per-document functions, and there
 they cost one pass instead of a second one over the deduplicated stream.
 """
@@ -27,9 +30,19 @@ from typing import Any
 
 from smelt.config import DataConfig, hash_json
 from smelt.data.checks import check_usable
+from smelt.data.dedup.decontam import Decontaminate
 from smelt.data.dedup.exact import ExactDedup
+from smelt.data.dedup.lines import LineDedup, count_lines
+from smelt.data.dedup.near import NearDedup, check_scope, params_of, plan_near_dedup
 from smelt.data.document import Doc, Ledger
-from smelt.data.executor import iter_entries, iter_shard_docs, read_column, resolve_workers, run_map
+from smelt.data.executor import (
+    iter_entries,
+    iter_shard_docs,
+    read_column,
+    resolve_workers,
+    run_map,
+    start_method,
+)
 from smelt.data.filters import FILTER_STEPS, LengthFilter
 from smelt.data.ids import UniqueIds
 from smelt.data.langid import LanguageId
@@ -70,8 +83,10 @@ def build_steps(cfg: DataConfig) -> list[Step]:
         Pii.from_config(cfg),
         UniqueIds(),
         ExactDedup() if cfg.exact_dedup else None,
-        # MinHash near-dedup and decontamination go here.
+        NearDedup() if cfg.near_dedup.enabled else None,
+        LineDedup(cfg.line_dedup.max_docs, cfg.line_dedup.min_chars) if cfg.line_dedup.enabled else None,
         QualityTopFraction() if cfg.quality.model and cfg.quality.top_fraction < 1 else None,
+        Decontaminate.from_config(cfg.decontam),
         Split(cfg.val_fraction, cfg.test_fraction),
     ]
     return [step for step in steps if step is not None]
@@ -126,6 +141,7 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
     """Run the curation; write documents; return the stats dict (also written to out_dir/stats.json)."""
     out_dir = Path(out_dir)
     check_units(cfg)
+    check_scope(cfg.near_dedup)
     resolved = resolve_all(cfg)
     specs = []
     for index, source in enumerate(cfg.sources):
@@ -150,9 +166,19 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
         check_usable(source, root, len(files), ledger, entries_of)
 
     split_step = next(s for s in corpus_steps if isinstance(s, Split))
+    extra: dict[str, Any] = {}
     for step in corpus_steps:
         if isinstance(step, QualityTopFraction):
             step.cutoffs = _quality_cutoffs(shards, map_dir, cfg.quality.top_fraction)
+        if isinstance(step, NearDedup):
+            log(f"curate: near-dedup: {params_of(cfg.near_dedup).describe()}")
+            parquets = [(s.spec.name, map_dir / f"{s.key}.parquet") for s in shards]
+            step.plan = plan_near_dedup(cfg, parquets, work, resolve_workers(cfg.workers), start_method())
+            extra["near_dedup"] = step.plan.report
+            log(f"curate: near-dedup: {step.plan.report}")
+        if isinstance(step, LineDedup):
+            step.set_counts(*count_lines([map_dir / f"{s.key}.parquet" for s in shards], step.min_chars))
+            extra["line_dedup"] = {"boilerplate_lines": len(step.boilerplate)}
     units = _docs_per_unit(shards, map_dir)
     split_step.forced = forced_units(units, cfg.val_fraction, cfg.test_fraction, cfg.min_split_docs)
     clear_outputs(out_dir, SPLITS)
@@ -166,7 +192,11 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
         source: {split: sum(1 for s in moves.values() if s == split) for split in (VAL, TEST)}
         for source, moves in split_step.forced.items()
     }
-    extra: dict[str, Any] = {"units_forced": forced}
+    extra["units_forced"] = forced
+    for step in corpus_steps:
+        if isinstance(step, Decontaminate):
+            extra["decontamination"] = step.report()
+            write_json(out_dir / "decontamination.json", step.report())
     names = [s.name for s in cfg.sources]
     stats = build_stats(
         names, {n: len(resolved[n][1]) for n in names}, ledger, kept, [s.name for s in steps], extra

@@ -1,0 +1,248 @@
+"""MinHash-LSH near-duplicate removal as a curate step: plan between map and reduce, apply in the reduce.
+
+Plan (`plan_near_dedup`): signatures of each map shard's documents are computed in a process pool and
+written next to the shard (`<key>.minhash.npy`, atomically, so a resumed run reuses them); band keys go
+to partitioned bucket files (`lsh.BucketFiles`, memory bounded by `data.near_dedup.memory_mb`);
+candidate pairs are verified on the signatures and merged by union-find; a member not itself close to its
+cluster's representative (joined only through a chain) is detached and kept. Documents are numbered in
+canonical order (config source order, file order, record order), and a cluster's representative is its
+smallest number, so the kept set is the same for any worker count. Only members of clusters with more
+than one document are remembered, keyed by (source, id).
+
+Apply (`NearDedup`): the representative keeps `near_dup_cluster` and `near_dup_size` in its meta; the
+other members are dropped with reason `near_duplicate`, naming the cluster and the kept copy. Since
+every removed member leaves the corpus before the split step, a cluster never straddles splits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from smelt.config import DataConfig, NearDedupConfig
+from smelt.data.dedup.lsh import BucketFiles, UnionFind, band_keys, partition_count, verify_pairs
+from smelt.data.dedup.minhash import LshParams, MinHasher, lsh_params
+from smelt.data.document import Doc, Ledger
+from smelt.data.steps import CorpusStep
+from smelt.errors import ConfigError
+
+FN_WEIGHT = 0.9  # recall matters more than candidates: verification removes the extra candidates
+VERIFY_SLACK = 0.05  # estimator noise at 128 permutations is ~0.03: accept estimates a little below
+READ_BATCH = 4096
+SCOPES = ("global", "source", "dir")
+
+
+def check_scope(cfg: NearDedupConfig) -> None:
+    scope = cfg.scope
+    if scope in SCOPES or (scope.startswith("field:") and len(scope) > len("field:")):
+        return
+    raise ConfigError(
+        f"data.near_dedup.scope = {scope!r} is not a dedup scope. Use {', '.join(SCOPES)}, or "
+        f"field:<meta key> (e.g. field:dump for per-crawl-dump dedup; the source's split_unit must be "
+        f"field:dump so the reader keeps that field)."
+    )
+
+
+def params_of(cfg: NearDedupConfig) -> LshParams:
+    return lsh_params(cfg.threshold, cfg.num_perm, 1 - FN_WEIGHT, FN_WEIGHT)
+
+
+def cluster_id(source: str, doc_id: str) -> str:
+    """A stable name for the cluster: a hash of its representative's (source, id)."""
+    return hashlib.blake2b(f"{source}\x00{doc_id}".encode(), digest_size=8).hexdigest()
+
+
+def _group_hash(value: str) -> int:
+    return int.from_bytes(hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def signature_file(parquet: Path) -> Path:
+    return parquet.with_suffix(".minhash.npy")
+
+
+def shard_signatures(parquet: str, num_perm: int, ngram: int, scope: str) -> int:
+    """Worker: signatures (+ group hashes) of one map shard, written atomically; returns the row count."""
+    path = Path(parquet)
+    out = signature_file(path)
+    if out.exists():
+        return len(np.load(out, mmap_mode="r"))
+    hasher = MinHasher(num_perm, ngram)
+    grouped = scope == "dir" or scope.startswith("field:")
+    columns = ["text", "meta" if scope.startswith("field:") else "file"] if grouped else ["text"]
+    sigs, groups = [], []
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH, columns=columns):
+        rows = batch.to_pydict()
+        sigs.append(hasher.signatures(rows["text"]))
+        if scope.startswith("field:"):
+            key = scope.removeprefix("field:")
+            groups.extend(_group_hash(str(json.loads(m).get(key, ""))) for m in rows["meta"])
+        elif scope == "dir":
+            groups.extend(_group_hash(f.partition("/")[0] if "/" in f else "") for f in rows["file"])
+    sig = np.concatenate(sigs) if sigs else np.zeros((0, num_perm), np.uint32)
+    if grouped:  # before the signatures: their file marks the shard as done
+        gtmp = path.with_suffix(".groups.tmp.npy")
+        np.save(gtmp, np.array(groups, np.uint64))
+        os.replace(gtmp, path.with_suffix(".groups.npy"))
+    tmp = out.with_name(out.name + ".tmp.npy")
+    np.save(tmp, sig)
+    os.replace(tmp, out)
+    return len(sig)
+
+
+class SignatureStore:
+    """Row access by global document number to the per-shard signature files, memory-mapped read-only:
+    verification touches only the pages of the documents in candidate pairs."""
+
+    def __init__(self, paths: list[Path], counts: list[int]):
+        self.arrays = [np.load(p, mmap_mode="r") for p in paths]
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def __getitem__(self, index: np.ndarray) -> np.ndarray:
+        index = np.asarray(index, np.int64)
+        shard = np.searchsorted(self.starts, index, side="right") - 1
+        width = self.arrays[0].shape[1] if self.arrays else 0
+        out = np.empty((len(index), width), np.uint32)
+        for s in np.unique(shard).tolist():
+            mask = shard == s
+            out[mask] = self.arrays[s][index[mask] - self.starts[s]]
+        return out
+
+
+@dataclass
+class NearDupPlan:
+    """The decisions: (source, id) -> (cluster id, cluster size, kept (source, id) or None if kept)."""
+
+    members: dict[tuple[str, str], tuple[str, int, tuple[str, str] | None]] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+def plan_near_dedup(
+    cfg: DataConfig, parquets: list[tuple[str, Path]], work: Path, workers: int, start_method: str
+) -> NearDupPlan:
+    """Cluster the documents of the map shards (`(source name, parquet)` in canonical order)."""
+    nd = cfg.near_dedup
+    params = params_of(nd)
+    jobs = [(str(p), nd.num_perm, nd.ngram, nd.scope) for _, p in parquets]
+    if workers <= 1 or len(jobs) <= 1:
+        counts = [shard_signatures(*job) for job in jobs]
+    else:
+        context = multiprocessing.get_context(start_method)
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
+            counts = [f.result() for f in [pool.submit(shard_signatures, *job) for job in jobs]]
+    n = sum(counts)
+    lsh_dir = work / "lsh"
+    partitions = partition_count(n, params.bands, nd.memory_mb << 20)
+    buckets = BucketFiles(lsh_dir, partitions)
+    all_sigs = SignatureStore([signature_file(p) for _, p in parquets], counts)
+    first = 0
+    for (source, parquet), count in zip(parquets, counts, strict=True):
+        sig = np.load(signature_file(parquet))
+        if nd.scope == "source":
+            groups = np.full(count, _group_hash(source), np.uint64)
+        elif nd.scope == "dir" or nd.scope.startswith("field:"):
+            groups = np.load(parquet.with_suffix(".groups.npy"))
+        else:
+            groups = None
+        buckets.add(band_keys(sig, params, groups), first)
+        first += count
+    uf = UnionFind(n)
+    candidates = verified = 0
+    for pairs in buckets.candidate_pairs():
+        candidates += len(pairs)
+        if nd.verify == "signature":
+            pairs = verify_pairs(pairs, all_sigs, nd.threshold - VERIFY_SLACK)
+        verified += len(pairs)
+        uf.union_pairs(pairs)
+    roots = uf.roots()
+    detached = 0
+    if nd.verify == "signature":
+        # Union-find is transitive: a chain of close pairs can join documents far apart. A member is
+        # removed only when it is itself close to the copy that is kept; the others stay on their own.
+        members = np.flatnonzero(roots != np.arange(n))
+        pairs = np.stack([roots[members], members], axis=1)
+        close = verify_pairs(pairs, all_sigs, nd.threshold - VERIFY_SLACK)
+        far = np.setdiff1d(members, close[:, 1])
+        roots[far] = far
+        detached = len(far)
+    del all_sigs
+    sizes = np.bincount(roots, minlength=n)
+    in_cluster = np.flatnonzero(sizes[roots] > 1)
+    plan = NearDupPlan()
+    plan.report = {
+        "bands": params.bands,
+        "rows": params.rows,
+        "partitions": partitions,
+        "candidate_pairs": candidates,
+        "verified_pairs": verified,
+        "detached_from_cluster": detached,
+        "clusters": int(np.count_nonzero(sizes > 1)),
+        "documents_in_clusters": len(in_cluster),
+        "s_curve_false_positive": round(params.false_positive, 5),
+        "s_curve_false_negative": round(params.false_negative, 5),
+    }
+    if len(in_cluster):
+        names = _names_of(parquets, counts, in_cluster)
+        for index in in_cluster.tolist():
+            root = int(roots[index])
+            rep = names[root]
+            decision = (cluster_id(*rep), int(sizes[root]), None if root == index else rep)
+            plan.members.setdefault(names[index], decision)
+    for p in lsh_dir.glob("bucket-*.bin"):
+        p.unlink()
+    return plan
+
+
+def _names_of(
+    parquets: list[tuple[str, Path]], counts: list[int], wanted: np.ndarray
+) -> dict[int, tuple[str, str]]:
+    """(source, id) of the wanted global document numbers, read shard by shard."""
+    names: dict[int, tuple[str, str]] = {}
+    first = 0
+    for (source, parquet), count in zip(parquets, counts, strict=True):
+        lo, hi = np.searchsorted(wanted, [first, first + count])
+        if hi > lo:
+            ids = pq.read_table(parquet, columns=["id"]).column("id").to_pylist()
+            for index in wanted[lo:hi].tolist():
+                names[index] = (source, ids[index - first])
+        first += count
+    return names
+
+
+class NearDedup(CorpusStep):
+    """Apply a `NearDupPlan`: keep each cluster's representative (with its cluster id and size in meta),
+    drop the other members with reason `near_duplicate`."""
+
+    name = "near_dedup"
+
+    def __init__(self) -> None:
+        self.plan = NearDupPlan()
+
+    def run(self, docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
+        members = self.plan.members
+        for doc in docs:
+            decision = members.get((doc.source, doc.id))
+            if decision is not None:
+                cid, size, kept = decision
+                if kept is not None:
+                    ledger.drop(
+                        doc,
+                        "near_duplicate",
+                        step=self.name,
+                        cluster=cid,
+                        kept_source=kept[0],
+                        kept_id=kept[1],
+                    )
+                    continue
+                doc.meta["near_dup_cluster"] = cid
+                doc.meta["near_dup_size"] = size
+            yield doc
