@@ -441,7 +441,9 @@ class TrainConfig:
         "skip", choices=("log", "skip", "rollback", "stop"), help="action on a NaN/Inf loss or gradient"
     )
     on_loss_spike: str = _opt(
-        "log", choices=("log", "skip", "rollback", "stop"), help="action on a loss > loss_spike_std above mean"
+        "log",
+        choices=("log", "skip", "rollback", "stop"),
+        help="action on a loss > loss_spike_std above mean",
     )
     on_grad_spike: str = _opt(
         "skip",
