@@ -454,7 +454,9 @@ class TrainConfig:
     grad_alert_factor: float = _opt(3.0, range=(1.0, 1e6), help="grad-norm alert (log only) x median")
     grad_spike_factor: float = _opt(5.0, range=(1.0, 1e6), help="grad-norm spike (action) x median")
     alert_window: int = _opt(100, range=(2, 10**7), help="steps of history for the alert statistics")
-    alert_min_history: int = _opt(20, range=(1, 10**7), help="applied steps before spike alerts start")
+    alert_min_history: int = _opt(
+        20, range=(1, 10**7), help="applied steps after warmup before spike alerts start"
+    )
     max_consecutive_skips: int = _opt(
         5, range=(1, 10**7), help="stop the run after this many skipped steps in a row"
     )

@@ -87,8 +87,16 @@ def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch)
 def test_rollback_without_a_checkpoint_falls_back_to_skip(data, tmp_path, monkeypatch):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {3}, micro_per_step=2)
-    cfg = tiny_config(alert_min_history=2, eval_every=0, on_loss_spike="rollback", tokens=256 * 4)
+    cfg = tiny_config(alert_min_history=1, eval_every=0, on_loss_spike="rollback", tokens=256 * 4)
     summary = train(cfg, tokens, tokenizer, tmp_path / "run")
     lines = read_metrics(tmp_path / "run")
     assert any("no checkpoint to roll back to" in r.get("message", "") for r in lines)
     assert [r["step"] for r in lines if r.get("event") == "skip"] == [3] and summary["rollbacks"] == 0
+
+
+def test_spike_statistics_start_after_warmup():
+    from smelt.config import TrainConfig
+    from smelt.train.trainer import _alert_policy
+
+    tc = TrainConfig(alert_min_history=20)
+    assert _alert_policy(tc, 25).min_history == 45  # grad norms swing while the LR ramps

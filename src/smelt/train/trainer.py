@@ -146,10 +146,12 @@ def resolve_resume(resume: str | Path | None, checkpoints_dir: Path) -> Path | N
     return path
 
 
-def _alert_policy(tc: TrainConfig) -> AlertPolicy:
+def _alert_policy(tc: TrainConfig, warmup: int) -> AlertPolicy:
+    # Grad norms grow and swing while the learning rate ramps and the model leaves its init; spike
+    # statistics start only after warmup, or early learning would be skipped as "spikes".
     return AlertPolicy(
         window=tc.alert_window,
-        min_history=tc.alert_min_history,
+        min_history=tc.alert_min_history + warmup,
         loss_std=tc.loss_spike_std,
         grad_alert_factor=tc.grad_alert_factor,
         grad_spike_factor=tc.grad_spike_factor,
@@ -241,7 +243,6 @@ def _train(
     data_plan = loader.plan
     assert data_plan.steps == plan.steps and loader.per_rank // loader.micro_batch == plan.grad_accum
     mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
-    spikes = SpikeMonitor(_alert_policy(tc))
     ratios = UpdateRatioMonitor(model, sharded) if tc.monitor_every else None
 
     params = count_params(cfg.model, vocab_size)
@@ -249,6 +250,7 @@ def _train(
     peak = peak_flops(device, precision)
     peak_total = peak * world_size if peak else None
     schedule = build_schedule(tc, plan, [stage.first_step for stage in data_plan.stages])
+    spikes = SpikeMonitor(_alert_policy(tc, schedule.warmup))
     checkpoints_dir = out_dir / "checkpoints"
     config_dict = cfg.to_dict()
     # The checkpoint store writes its directory from every process; until it is rank-aware,
