@@ -1,22 +1,31 @@
 """Checkpoints: `checkpoints/step_NNNNNNN/` written with torch.distributed.checkpoint (DCP).
 
 Layout of one checkpoint directory:
-    .metadata, __0_0.distcp   DCP files: {"model": ..., "optimizer": ...}
-    train_state.pt            RNG states (torch CPU/CUDA) and anything not JSON-safe
-    meta.json                 step, tokens, loader state, config + hash, model config, vocab size,
-                              sha256 of every other file
+    .metadata, __R_0.distcp   DCP files: {"model": ..., "optimizer": ...}; each rank writes its own
+                              shards (FSDP2) or its share of the replicated tensors (DDP), nothing is
+                              gathered to rank 0, and DCP reshards on load into any world size
+    rank_RRRRR.json           per-rank state: RNG states (Python, NumPy, torch CPU and CUDA)
+    meta.json                 step, tokens, loader/scaler/alert state, config + hashes, model config,
+                              vocab size, world size, sha256 of every other file
     COMMITTED                 written last; a directory without it does not exist
 
-Everything is written into a hidden temporary directory that is renamed into place, so a crash
-leaves either nothing or a directory without its marker, which readers ignore.
+Two-phase commit: everything is written into `.tmp-step_NNNNNNN/`; rank 0 checksums every file into
+meta.json, fsyncs, renames the directory into place and writes the marker last. A crash at any moment
+leaves the previous checkpoints intact and at worst a directory without its marker, which readers
+ignore. Loading never unpickles arbitrary objects: tensors come through DCP's weights-only loads,
+DCP's own `.metadata` through an unpickler that admits only DCP's metadata classes, and the rest is JSON.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import io
 import json
 import os
+import pickle
+import random
 import re
 import shutil
 import warnings
@@ -24,23 +33,34 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from smelt.config import ModelConfig
 from smelt.errors import UserError
-from smelt.manifest import hash_file, write_json
+from smelt.manifest import hash_file
 from smelt.model.transformer import Transformer
 
 MARKER = "COMMITTED"
 META = "meta.json"
-TRAIN_STATE = "train_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d{7,})$")
+_RANK_FILE = "rank_{:05d}.json"
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:07d}"
+
+
+def step_of(checkpoint_dir: Path) -> int:
+    match = _STEP_DIR.match(Path(checkpoint_dir).name)
+    if match is None:
+        raise UserError(
+            f"{checkpoint_dir} is not a checkpoint directory (expected a name like step_0000100)."
+        )
+    return int(match.group(1))
 
 
 @contextlib.contextmanager
@@ -48,7 +68,118 @@ def _quiet_dcp() -> Iterator[None]:
     # DCP warns on every call that no process group exists; single-process use is intended here.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        warnings.filterwarnings("ignore", message=".*experimental.*")
         yield
+
+
+# --- safe loading -------------------------------------------------------------------------------
+
+_SAFE_MODULES = ("torch.distributed.checkpoint.", "torch.distributed.tensor.")
+_SAFE_GLOBALS = {
+    ("torch", "Size"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Admits DCP's metadata dataclasses, dtypes and a few builtins; anything else is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith(_SAFE_MODULES) or (module, name) in _SAFE_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if module == "torch" and name in ("device", "memory_format", "layout"):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from checkpoint metadata")
+
+
+class SafeReader(dcp.FileSystemReader):
+    """FileSystemReader whose `.metadata` goes through the restricted unpickler."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = Path(self.path) / ".metadata"
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        except pickle.UnpicklingError as exc:
+            raise UserError(f"checkpoint {self.path}: {exc}; it was not written by smelt.") from exc
+        if getattr(metadata, "storage_meta", None) is None:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def _dcp_load(state: dict[str, Any], checkpoint_dir: Path) -> None:
+    with _quiet_dcp():
+        dcp.load(state, storage_reader=SafeReader(checkpoint_dir))
+
+
+# --- per-rank state (JSON only) ---------------------------------------------------------------
+
+
+def _tensor_b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _b64_tensor(text: str) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's RNG states (Python, NumPy, torch CPU, CUDA) as JSON."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "torch_cpu": _tensor_b64(torch.get_rng_state()),
+    }
+    if device is not None and device.type == "cuda":
+        state["torch_cuda"] = [_tensor_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_b64_tensor(state["torch_cpu"]))
+    if device is not None and device.type == "cuda" and "torch_cuda" in state:
+        torch.cuda.set_rng_state_all([_b64_tensor(s) for s in state["torch_cuda"]])
+
+
+# --- writing ----------------------------------------------------------------------------------
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # not every filesystem lets a directory be fsynced
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _write_json_synced(path: Path, value: Any) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(value, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _checksums(directory: Path) -> dict[str, str]:
@@ -59,47 +190,112 @@ def _checksums(directory: Path) -> dict[str, str]:
     }
 
 
-def save_checkpoint(
-    checkpoints_dir: Path,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    meta: dict[str, Any],
-    train_state: dict[str, Any] | None = None,
-) -> Path:
-    """Write checkpoints_dir/step_{step:07d}/ and return its path.
-
-    `meta` must be JSON-safe and should carry at least "model_config" (a ModelConfig or its dict) and
-    "vocab_size" so that load_model can rebuild the model. `train_state` (RNG states, ...) goes
-    through torch.save. Single process for now; under torchrun dcp.save is collective and only rank
-    0 should write meta.json and the marker (left for the distributed issue).
-    """
-    checkpoints_dir = Path(checkpoints_dir)
-    final = checkpoints_dir / step_dir_name(step)
-    tmp = checkpoints_dir / f".tmp-{step_dir_name(step)}"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left over from a crash mid-save
-    tmp.mkdir(parents=True)
-
-    # get_state_dict keys optimizer state by parameter name (not position), the form that survives
-    # DDP/FSDP wrapping and resharding.
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    with _quiet_dcp():
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
-    torch.save(train_state or {}, tmp / TRAIN_STATE)
-
+def _json_meta(meta: dict[str, Any], step: int) -> dict[str, Any]:
     meta = dict(meta)
     if dataclasses.is_dataclass(meta.get("model_config")):
         meta["model_config"] = dataclasses.asdict(meta["model_config"])
     meta["step"] = step
-    meta["checksums"] = _checksums(tmp)
-    write_json(tmp / META, meta)
+    return meta
 
+
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier(group: Any = None) -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier(group=group)
+
+
+def prepare_tmp(checkpoints_dir: Path, step: int) -> Path:
+    """Rank 0 makes an empty `.tmp-step_N/` (removing leftovers of a crashed save); all ranks wait."""
+    tmp = Path(checkpoints_dir) / f".tmp-{step_dir_name(step)}"
+    if _is_main():
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+    _barrier()
+    return tmp
+
+
+def write_rank_state(tmp: Path, rank_state: dict[str, Any]) -> None:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    _write_json_synced(tmp / _RANK_FILE.format(rank), rank_state)
+
+
+def commit(tmp: Path, step: int, meta: dict[str, Any]) -> Path:
+    """Rank 0 only, after every rank's files are written: checksum, meta.json, rename, marker."""
+    final = tmp.parent / step_dir_name(step)
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync_file(path)
+    meta = _json_meta(meta, step)
+    meta["checksums"] = _checksums(tmp)
+    _write_json_synced(tmp / META, meta)
+    _fsync_dir(tmp)
     if final.exists():
+        (final / MARKER).unlink(missing_ok=True)
         shutil.rmtree(final)
     os.replace(tmp, final)
-    (final / MARKER).write_text(f"{step}\n")
+    _fsync_dir(final.parent)
+    with open(final / MARKER, "w") as handle:
+        handle.write(f"{step}\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    _fsync_dir(final)
     return final
+
+
+def save_failed(exc: BaseException, step: int, checkpoints_dir: Path) -> UserError:
+    """The error a failed write becomes: what happened and which checkpoint is still good."""
+    previous = latest_checkpoint(checkpoints_dir)
+    intact = (
+        f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
+    )
+    return UserError(
+        f"saving the checkpoint of step {step} under {checkpoints_dir} failed: {exc}. Nothing partial was "
+        f"committed and {intact}. Free disk space (or point run.dir elsewhere) and resume with --resume auto."
+    )
+
+
+def model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
+    """The DCP state: keyed by parameter name (not position), the form that survives DDP/FSDP2 and resharding."""
+    if optimizer is None:
+        return {"model": get_state_dict(model, [])[0]}
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optimizer": optim_sd}
+
+
+def save_checkpoint(
+    checkpoints_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    meta: dict[str, Any],
+    rank_state: dict[str, Any] | None = None,
+    process_group: Any = None,
+) -> Path:
+    """Write checkpoints_dir/step_{step:07d}/ synchronously and return its path (every rank calls this).
+
+    `meta` must be JSON-safe (a ModelConfig dataclass is converted) and should carry "model_config" and
+    "vocab_size" so that load_model can rebuild the model; `rank_state` is this rank's JSON state
+    (RNG, ...). An optimizer of None writes weights only.
+    """
+    checkpoints_dir = Path(checkpoints_dir)
+    tmp = prepare_tmp(checkpoints_dir, step)
+    try:
+        write_rank_state(tmp, rank_state or {})
+        with _quiet_dcp():
+            dcp.save(model_optim_state(model, optimizer), checkpoint_id=tmp, process_group=process_group)
+        final = commit(tmp, step, meta) if _is_main() else tmp.parent / step_dir_name(step)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise save_failed(exc, step, checkpoints_dir) from exc
+    _barrier()
+    return final
+
+
+# --- reading ----------------------------------------------------------------------------------
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
@@ -108,7 +304,7 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
     if not checkpoints_dir.is_dir():
         return []
     found = [p for p in checkpoints_dir.iterdir() if _STEP_DIR.match(p.name) and (p / MARKER).is_file()]
-    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+    return sorted(found, key=step_of)
 
 
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
@@ -116,16 +312,38 @@ def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def latest_valid_checkpoint(checkpoints_dir: Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint whose files all match their checksums, and a warning per one passed over."""
+    warnings_: list[str] = []
+    for path in reversed(list_checkpoints(checkpoints_dir)):
+        try:
+            read_meta(path, verify=True)
+        except UserError as exc:
+            warnings_.append(f"skipping damaged checkpoint {path.name}: {exc}")
+            continue
+        return path, warnings_
+    return None, warnings_
+
+
 def prune_checkpoints(checkpoints_dir: Path, keep_last: int, protect: tuple[Path, ...] = ()) -> list[Path]:
-    """Delete committed checkpoints beyond the keep_last newest, never those in `protect`."""
+    """Delete committed checkpoints beyond the keep_last newest; never milestones or those in `protect`."""
     protected = {Path(p).resolve() for p in protect}
-    candidates = [p for p in list_checkpoints(checkpoints_dir) if p.resolve() not in protected]
+    candidates = [
+        p for p in list_checkpoints(checkpoints_dir) if p.resolve() not in protected and not _is_milestone(p)
+    ]
     doomed = candidates[: max(0, len(candidates) - keep_last)]
     for path in doomed:
         # Remove the marker first: a half-deleted directory must not look like a checkpoint.
         (path / MARKER).unlink(missing_ok=True)
         shutil.rmtree(path)
     return doomed
+
+
+def _is_milestone(path: Path) -> bool:
+    try:
+        return bool(json.loads((path / META).read_text()).get("milestone"))
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 def read_meta(checkpoint_dir: Path, verify: bool = True) -> dict[str, Any]:
@@ -155,6 +373,37 @@ def read_meta(checkpoint_dir: Path, verify: bool = True) -> dict[str, Any]:
     return meta
 
 
+# What makes a checkpoint's weights mean something; kernels, init and checkpointing may change on resume.
+_ARCHITECTURE_KEYS = (
+    "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "qk_norm", "tie_embeddings", "rope_theta",
+    "rope_fraction", "nope_every", "norm_eps",
+)  # fmt: skip
+
+
+def check_compatible(meta: dict[str, Any], checkpoint_dir: Path, expected: dict[str, Any]) -> None:
+    """A UserError naming every key where the checkpoint differs from the run loading it.
+
+    `expected` holds the run's "model_config" (dict), "vocab_size" and optionally "tokenizer_hash".
+    """
+    problems = []
+    saved_model = meta.get("model_config") or {}
+    for key, value in (expected.get("model_config") or {}).items():
+        if key in _ARCHITECTURE_KEYS and key in saved_model and saved_model[key] != value:
+            problems.append(f"model.{key}: checkpoint {saved_model[key]!r}, this run {value!r}")
+    if "vocab_size" in expected and meta.get("vocab_size") != expected["vocab_size"]:
+        problems.append(f"vocab size: checkpoint {meta.get('vocab_size')}, this run {expected['vocab_size']}")
+    saved_tok, tok = meta.get("tokenizer_hash"), expected.get("tokenizer_hash")
+    if saved_tok and tok and saved_tok != tok:
+        problems.append(f"tokenizer: checkpoint {saved_tok[:12]}, this run {tok[:12]}")
+    if problems:
+        raise UserError(
+            f"checkpoint {checkpoint_dir} does not fit this run: "
+            + "; ".join(problems)
+            + ". Resume with the "
+            "model config and tokenizer it was trained with, or start a fresh run in another run.dir."
+        )
+
+
 def load_model(
     checkpoint_dir: Path, device: str | torch.device = "cpu"
 ) -> tuple[Transformer, dict[str, Any]]:
@@ -163,22 +412,39 @@ def load_model(
     meta = read_meta(checkpoint_dir)
     model = Transformer(ModelConfig(**meta["model_config"]), int(meta["vocab_size"]))
     state = {"model": model.state_dict()}
-    with _quiet_dcp():
-        dcp.load(state, checkpoint_id=checkpoint_dir)  # loads in place into the module's tensors
+    _dcp_load(state, checkpoint_dir)  # loads in place into the module's tensors
     model.load_state_dict(state["model"])
     return model.to(device), meta
 
 
 def load_training_state(
-    checkpoint_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load weights and optimizer state into existing objects (for resuming); returns (meta, train_state)."""
+    checkpoint_dir: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    expected: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Load weights and optimizer state into existing (possibly DDP/FSDP2-wrapped) objects.
+
+    Every rank calls this; DCP reads whatever shards each rank needs, so a checkpoint written by any
+    world size and strategy loads here. Returns (meta, this rank's saved state), the latter None when
+    the checkpoint had no such rank (a different world size).
+    """
     checkpoint_dir = Path(checkpoint_dir)
-    meta = read_meta(checkpoint_dir)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optimizer": optim_sd}
-    with _quiet_dcp():
-        dcp.load(state, checkpoint_id=checkpoint_dir)
+    meta = read_meta(checkpoint_dir, verify=_is_main())
+    if expected is not None:
+        check_compatible(meta, checkpoint_dir, expected)
+    if meta.get("weights_only"):
+        raise UserError(
+            f"checkpoint {checkpoint_dir} holds weights only (e.g. an average), no optimizer state: it cannot "
+            f"be resumed. Use it for eval or export, or resume from a training checkpoint."
+        )
+    state = model_optim_state(model, optimizer)
+    _dcp_load(state, checkpoint_dir)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    train_state = torch.load(checkpoint_dir / TRAIN_STATE, weights_only=False)
-    return meta, train_state
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank_file = checkpoint_dir / _RANK_FILE.format(rank)
+    rank_state = json.loads(rank_file.read_text()) if rank_file.is_file() else None
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if rank_state is not None and meta.get("world_size", 1) != world_size:
+        rank_state = None  # another world size: per-rank RNG streams do not carry over
+    return meta, rank_state

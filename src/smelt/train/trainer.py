@@ -14,6 +14,7 @@ alerts and skips, and the share of step time spent waiting for data. Rank 0 alon
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,7 +26,15 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from smelt.checkpoint.store import latest_checkpoint, load_training_state, prune_checkpoints, save_checkpoint
+from smelt.checkpoint.saver import Checkpointer
+from smelt.checkpoint.store import (
+    latest_checkpoint,
+    latest_valid_checkpoint,
+    load_training_state,
+    restore_rng,
+    rng_state,
+    step_dir_name,
+)
 from smelt.config import Config, TrainConfig, hash_json
 from smelt.errors import ConfigError, UserError
 from smelt.model.flops import count_params, flops_per_token
@@ -111,39 +120,38 @@ def has_tokens(split_dir: Path) -> bool:
     return split_dir.is_dir() and any(p.stat().st_size > 0 for p in split_dir.rglob("*.bin"))
 
 
-def _rng_state(device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch_cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["torch_cuda"] = torch.cuda.get_rng_state_all()
-    return state
+def resolve_resume(resume: str | Path | None, checkpoints_dir: Path) -> tuple[Path | None, list[str]]:
+    """The checkpoint to resume from and warnings: None (fresh run), "auto" or a checkpoint directory.
 
-
-def _json_safe(value: Any) -> bool:
-    try:
-        json.dumps(value)
-        return True
-    except (TypeError, ValueError):
-        return False
-
-
-def _restore_rng(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch_cpu"])
-    if device.type == "cuda" and "torch_cuda" in state:
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
-
-
-def resolve_resume(resume: str | Path | None, checkpoints_dir: Path) -> Path | None:
-    """The checkpoint to resume from: None (fresh run), "auto" (the latest one, if any) or a path."""
+    "auto" takes the newest checkpoint whose files match their checksums, passing over damaged ones
+    with a warning each; none at all means a fresh start.
+    """
     if resume is None:
-        return None
+        return None, []
     if str(resume) == "auto":
-        return latest_checkpoint(checkpoints_dir)
+        return latest_valid_checkpoint(checkpoints_dir)
     path = Path(resume)
     if not path.is_dir():
         raise UserError(
             f"cannot resume from {path}: no such checkpoint directory. Pass 'auto' or a step_NNNNNNN dir."
         )
-    return path
+    return path, []
+
+
+def _agreed_resume(
+    resume: str | Path | None, checkpoints_dir: Path, ctx: DistContext
+) -> tuple[Path | None, list[str]]:
+    # Rank 0 verifies and chooses; every rank must load the same checkpoint.
+    choice: list[Any] = [resolve_resume(resume, checkpoints_dir) if ctx.is_main else None]
+    if ctx.distributed:
+        torch.distributed.broadcast_object_list(choice, src=0)
+    return choice[0]
+
+
+def _file_hash(path: Path) -> str | None:
+    from smelt.manifest import hash_file
+
+    return hash_file(path) if path.is_file() else None
 
 
 def _alert_policy(tc: TrainConfig, warmup: int) -> AlertPolicy:
@@ -253,14 +261,20 @@ def _train(
     spikes = SpikeMonitor(_alert_policy(tc, schedule.warmup))
     checkpoints_dir = out_dir / "checkpoints"
     config_dict = cfg.to_dict()
-    # The checkpoint store writes its directory from every process; until it is rank-aware,
-    # multi-process runs train without checkpoints (and rollback falls back to skip).
-    can_checkpoint = not ctx.distributed
+    tokens_meta = (
+        json.loads((tokens_dir / "meta.json").read_text()) if (tokens_dir / "meta.json").is_file() else {}
+    )
+    identity = {
+        "model_config": cfg.model.__dict__.copy(),
+        "vocab_size": vocab_size,
+        "tokenizer_hash": tokens_meta.get("tokenizer_hash") or _file_hash(tokenizer_dir / "tokenizer.json"),
+    }
 
     start_step = 0
-    resume_from = resolve_resume(resume, checkpoints_dir) if can_checkpoint else None
+    resume_from, resume_warnings = _agreed_resume(resume, checkpoints_dir, ctx)
+    rank_state: dict[str, Any] | None = None
     if resume_from is not None:
-        ckpt_meta, train_state = load_training_state(resume_from, model, optimizer)
+        ckpt_meta, rank_state = load_training_state(resume_from, model, optimizer, expected=identity)
         start_step = int(ckpt_meta["step"])
         if start_step >= plan.steps:
             raise UserError(
@@ -268,13 +282,18 @@ def _train(
                 f"the run is complete. Train again without resume or into another directory (a longer run "
                 f"is a new data plan and learning-rate schedule, so it cannot continue this one exactly)."
             )
-        loader.load_state_dict(train_state["loader"])
-        _restore_rng(train_state["rng"], device)
-        if scaler is not None and train_state.get("scaler"):
-            scaler.load_state_dict(train_state["scaler"])
-        if train_state.get("alerts"):
-            spikes.load_state_dict(train_state["alerts"])
+        loader.load_state_dict(ckpt_meta["loader"])
+        if rank_state is not None:
+            restore_rng(rank_state["rng"], device)
+        if scaler is not None and ckpt_meta.get("scaler"):
+            scaler.load_state_dict(ckpt_meta["scaler"])
+        if ckpt_meta.get("alerts"):
+            spikes.load_state_dict(ckpt_meta["alerts"])
         mixture.resume(start_step + 1, loader.source_counts)
+    checkpointer = Checkpointer(
+        checkpoints_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async_save,
+        cfg.checkpoint.milestone_every_steps, cfg.checkpoint.milestone_every_tokens,
+    )  # fmt: skip
 
     metrics = MetricsLog(out_dir / "metrics.jsonl", enabled=ctx.is_main, append=resume_from is not None)
     start_tokens = start_step * plan.batch_tokens
@@ -287,7 +306,13 @@ def _train(
         "flops_per_token": flops_tok, "peak_flops": peak_total, "world_size": world_size,
         "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(config_dict),
         "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
+        **({"world_size_changed": True} if resume_from is not None and rank_state is None else {}),
     })  # fmt: skip
+    for warning in resume_warnings:
+        if ctx.is_main:
+            log(f"warning: {warning}")
+        metrics.write({"kind": "event", "step": start_step, "tokens": start_tokens, "event": "alert",
+                       "alert": "damaged_checkpoint", "action": "fallback", "message": warning})  # fmt: skip
     if resume_from is None:
         if ctx.is_main:
             log(data_plan.table())
@@ -296,9 +321,6 @@ def _train(
             if ctx.is_main:
                 log(f"warning: {warning}")
             metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "warning", "message": warning})
-    if not can_checkpoint:
-        metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "note",
-                       "message": "multi-process run: checkpoints are not written yet (store is single-writer)"})  # fmt: skip
 
     def run_eval(step: int) -> float | None:
         if not have_val:
@@ -319,30 +341,23 @@ def _train(
                        **({"val_loss_by_source": by_source} if by_source else {})})  # fmt: skip
         return val_loss
 
-    def checkpoint(step: int) -> Path | None:
-        if not can_checkpoint:
-            return None
-        loader_state = loader.state_dict()
+    def checkpoint(step: int) -> None:
         meta = {
             "tokens": step * plan.batch_tokens,
-            "loader": loader_state if _json_safe(loader_state) else None,
-            "config": config_dict,
-            "config_hash": hash_json(config_dict),
-            "model_config": cfg.model,
-            "vocab_size": vocab_size,
-            "precision": precision.name,
-            "world_size": world_size,
-        }
-        train_state = {
-            "rng": _rng_state(device),
-            "loader": loader_state,
+            "loader": loader.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "alerts": spikes.state_dict(),
+            "config": config_dict,
+            "config_hash": hash_json(config_dict),
+            "data_hash": _file_hash(tokens_dir / "shards.json"),
+            **identity,
+            "precision": precision.name,
+            "world_size": world_size,
+            "parallel": tc.parallel if ctx.distributed else None,
         }
-        path = save_checkpoint(checkpoints_dir, step, model, optimizer, meta, train_state)
-        metrics.write({"kind": "event", "step": step, "tokens": step * plan.batch_tokens,
-                       "event": "checkpoint", "path": str(path)})  # fmt: skip
-        return path
+        rank_state = {"rng": rng_state(device)}
+        for event in checkpointer.save(step, model, optimizer, meta, rank_state, plan.batch_tokens):
+            metrics.write(event)
 
     def fail(step: int, message: str) -> RuntimeError:
         metrics.write({"kind": "event", "step": step, "tokens": step * plan.batch_tokens,
@@ -395,7 +410,10 @@ def _train(
                                "alert": alert.kind, "action": alert.action, "message": alert.message,
                                "value": alert.value if math.isfinite(alert.value) else str(alert.value),
                                "threshold": alert.threshold})  # fmt: skip
-            if action == "rollback" and (not can_checkpoint or latest_checkpoint(checkpoints_dir) is None):
+            if action == "rollback":
+                for event in checkpointer.wait():  # the newest checkpoint may still be writing
+                    metrics.write(event)
+            if action == "rollback" and latest_checkpoint(checkpoints_dir) is None:
                 metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "note",
                                "message": "rollback requested but no checkpoint to roll back to: skipping"})  # fmt: skip
                 action = "skip"
@@ -419,9 +437,9 @@ def _train(
             elif action == "rollback":
                 target = latest_checkpoint(checkpoints_dir)
                 assert target is not None
-                back_meta, back_state = load_training_state(target, model, optimizer)
-                if scaler is not None and back_state.get("scaler"):
-                    scaler.load_state_dict(back_state["scaler"])
+                back_meta, _ = load_training_state(target, model, optimizer)
+                if scaler is not None and back_meta.get("scaler"):
+                    scaler.load_state_dict(back_meta["scaler"])
                 rollbacks += 1
                 # The loader is not rewound: the steps between the checkpoint and this one are the
                 # data window that is skipped (the PaLM recipe). The LR schedule keeps following the step.
@@ -456,7 +474,7 @@ def _train(
                 window_losses.append(loss_value)
             window_clipped += int(action == "apply" and tc.grad_clip > 0 and norm_value > tc.grad_clip)
             bar.update(1)
-            for event in mixture.update(step, data.source_counts):
+            for event in mixture.update(step, data.source_counts) + checkpointer.poll():
                 metrics.write(event)
 
             if step == 1 or step % tc.log_every == 0 or step == plan.steps:
@@ -483,19 +501,22 @@ def _train(
                 window_clipped = window_skipped = window_steps = 0
             if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
                 last_val = run_eval(step)
-            if (can_checkpoint and step < plan.steps and cfg.checkpoint.every_steps
-                    and step % cfg.checkpoint.every_steps == 0):  # fmt: skip
+            if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint(step)
-                prune_checkpoints(checkpoints_dir, cfg.checkpoint.keep_last)
         last_val = run_eval(plan.steps)
-        final = checkpoint(plan.steps)
-        if final is not None:
-            prune_checkpoints(checkpoints_dir, cfg.checkpoint.keep_last, protect=(final,))
+        checkpoint(plan.steps)
+        for event in checkpointer.close():
+            metrics.write(event)
+        final = checkpoints_dir / step_dir_name(plan.steps)
         summary_tps = (plan.steps - start_step) * plan.batch_tokens / max(train_time, 1e-9)
         metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
                        "status": "ok", "wall_time_s": time.time() - started, "skipped_steps": skipped_total,
                        "rollbacks": rollbacks})  # fmt: skip
     finally:
+        # A save still writing when the run fails is finished (and committed) before the process ends.
+        with contextlib.suppress(Exception):
+            for event in checkpointer.close():
+                metrics.write(event)
         loader.close()
         bar.close()
         metrics.close()

@@ -1,0 +1,177 @@
+"""Checkpoints from inside the training loop: snapshot, background write, commit, retention.
+
+With `checkpoint.async_save` the loop stalls only while DCP copies the state to host memory; the
+write, the checksums, the commit and pruning run on a background thread (and, under torchrun, over a
+separate gloo group, so checkpoint collectives never interleave with the training ones). A save that
+finds the previous one still writing waits for it and says so in metrics.jsonl. Every finished save
+becomes an event with its stall and write times.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from smelt.checkpoint.store import (
+    _is_main,
+    _quiet_dcp,
+    commit,
+    model_optim_state,
+    prepare_tmp,
+    prune_checkpoints,
+    save_checkpoint,
+    save_failed,
+    write_rank_state,
+)
+
+
+@dataclass
+class _Pending:
+    step: int
+    tokens: int
+    started: float
+    stall_s: float
+    milestone: bool
+    done: Future
+
+
+class Checkpointer:
+    """Saves for one run directory; every rank makes one and calls save/poll/wait in the same order."""
+
+    def __init__(
+        self,
+        checkpoints_dir: Path,
+        keep_last: int,
+        async_save: bool = True,
+        milestone_every_steps: int = 0,
+        milestone_every_tokens: int = 0,
+    ) -> None:
+        self.dir = Path(checkpoints_dir)
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self.milestone_every_steps = milestone_every_steps
+        self.milestone_every_tokens = milestone_every_tokens
+        distributed = dist.is_initialized() and dist.get_world_size() > 1
+        # DCP's async path plans and gathers over a CPU-capable group of its own (new_group is collective).
+        self.group = dist.new_group(backend="gloo") if async_save and distributed else None
+        self.pending: _Pending | None = None
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smelt-checkpoint")
+        if _is_main() and self.dir.is_dir():
+            for stale in self.dir.glob(".tmp-step_*"):  # partial saves of a crashed run, never committed
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def is_milestone(self, step: int, tokens: int, batch_tokens: int) -> bool:
+        """Milestones (every N steps or X tokens) are kept forever, whatever keep_last says."""
+        by_steps = self.milestone_every_steps > 0 and step % self.milestone_every_steps == 0
+        every = self.milestone_every_tokens
+        by_tokens = every > 0 and tokens // every > max(tokens - batch_tokens, 0) // every
+        return by_steps or by_tokens
+
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meta: dict[str, Any],
+        rank_state: dict[str, Any],
+        batch_tokens: int,
+    ) -> list[dict[str, Any]]:
+        """Start (async) or do (sync) the save of `step`; returns events of saves that finished meanwhile."""
+        events: list[dict[str, Any]] = []
+        if self.pending is not None:
+            waited = time.perf_counter()
+            events += self.wait()
+            events.append({
+                "kind": "event", "step": step, "tokens": meta.get("tokens"), "event": "alert",
+                "alert": "checkpoint_backlog", "action": "wait", "value": time.perf_counter() - waited,
+                "threshold": 0.0, "message": f"the previous checkpoint was still being written at step {step}; "
+                f"waited {time.perf_counter() - waited:.2f} s (save less often or on faster storage)",
+            })  # fmt: skip
+        tokens = int(meta.get("tokens", 0))
+        milestone = self.is_milestone(step, tokens, batch_tokens)
+        meta = {**meta, "milestone": milestone}
+        started = time.perf_counter()
+        if not self.async_save:
+            path = save_checkpoint(self.dir, step, model, optimizer, meta, rank_state)
+            elapsed = time.perf_counter() - started
+            if _is_main():
+                self._prune(path)
+            events.append(self._event(step, tokens, path, elapsed, elapsed, milestone, asynchronous=False))
+            return events
+        tmp = prepare_tmp(self.dir, step)
+        try:
+            write_rank_state(tmp, rank_state)
+            with _quiet_dcp():
+                written = dcp.async_save(
+                    model_optim_state(model, optimizer), checkpoint_id=tmp, process_group=self.group
+                )
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise save_failed(exc, step, self.dir) from exc
+        stall = time.perf_counter() - started
+        done = self.worker.submit(self._finish, written, tmp, step, meta)
+        self.pending = _Pending(step, tokens, started, stall, milestone, done)
+        return events
+
+    def _finish(self, written: Future, tmp: Path, step: int, meta: dict[str, Any]) -> tuple[Path, float]:
+        try:
+            written.result()
+            # Rank 0's write ends after DCP gathered every rank's write results, so all shards are on disk.
+            path = commit(tmp, step, meta) if _is_main() else self.dir / tmp.name.removeprefix(".tmp-")
+        except OSError as exc:
+            if _is_main():
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise save_failed(exc, step, self.dir) from exc
+        finished = time.perf_counter()
+        if _is_main():
+            self._prune(path)
+        return path, finished
+
+    def _prune(self, newest: Path) -> None:
+        prune_checkpoints(self.dir, self.keep_last, protect=(newest,))
+
+    def _event(
+        self,
+        step: int,
+        tokens: int,
+        path: Path,
+        stall: float,
+        write: float,
+        milestone: bool,
+        asynchronous: bool,
+    ) -> dict[str, Any]:
+        return {
+            "kind": "event", "step": step, "tokens": tokens, "event": "checkpoint", "path": str(path),
+            "stall_s": stall, "write_s": write, "async": asynchronous, "milestone": milestone,
+        }  # fmt: skip
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Events of a background save that has finished (its error, if it failed); never blocks."""
+        if self.pending is None or not self.pending.done.done():
+            return []
+        return self.wait()
+
+    def wait(self) -> list[dict[str, Any]]:
+        """Block until the background save (if any) is committed; its event, or its error raised."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return []
+        path, finished = pending.done.result()
+        write = finished - pending.started
+        return [
+            self._event(pending.step, pending.tokens, path, pending.stall_s, write, pending.milestone, True)
+        ]
+
+    def close(self) -> list[dict[str, Any]]:
+        try:
+            return self.wait()
+        finally:
+            self.worker.shutdown(wait=True)
