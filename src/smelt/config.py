@@ -469,6 +469,9 @@ class TrainConfig:
 class CheckpointConfig:
     every_steps: int = _opt(0, range=(0, 10**9), help="steps between checkpoints (0: final only)")
     keep_last: int = _opt(2, range=(1, 10**6), help="checkpoints kept besides the final one")
+    async_save: bool = _opt(True, help="snapshot to host memory, write in the background")
+    milestone_every_steps: int = _opt(0, range=(0, 10**9), help="keep every N-th step's checkpoint forever")
+    milestone_every_tokens: int = _opt(0, range=(0, 10**18), help="keep a checkpoint every X tokens forever")
 
 
 @dataclass
