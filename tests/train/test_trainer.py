@@ -3,49 +3,20 @@ import math
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
+from helpers import VOCAB, write_split, write_token_data
 from smelt.checkpoint import latest_checkpoint, load_model, read_meta
 from smelt.config import StageConfig, config_from_dict
 from smelt.errors import UserError
 from smelt.model.transformer import Transformer
 from smelt.train.trainer import train
 
-VOCAB = 384  # 256 + 128 padding
-EOS = 257
-
-
-def write_split(tokens_dir: Path, split: str, n_docs: int, seed: int, source: str = "synth") -> None:
-    """Synthetic documents of counting sequences (learnable), as flat uint16 shards with an .idx."""
-    rng = np.random.default_rng(seed)
-    docs = []
-    for _ in range(n_docs):
-        start, step, length = rng.integers(0, 256), rng.integers(1, 4), rng.integers(20, 120)
-        docs.append(np.append((start + step * np.arange(length)) % 256, EOS))
-    offsets = np.cumsum([0] + [len(d) for d in docs[:-1]]).astype("<i8")
-    out = tokens_dir / split / source
-    out.mkdir(parents=True, exist_ok=True)
-    np.concatenate(docs).astype("<u2").tofile(out / "00000.bin")
-    offsets.tofile(out / "00000.idx")
-
 
 @pytest.fixture
 def data(tmp_path):
-    tokens = tmp_path / "tokens"
-    tokens.mkdir()
-    (tokens / "meta.json").write_text(
-        json.dumps({"dtype": "uint16", "vocab_size": VOCAB, "eos_id": EOS, "bos_id": 256, "pad_id": 258})
-    )
-    write_split(tokens, "train", 400, seed=0)
-    write_split(tokens, "val", 20, seed=1)
-    tokenizer = tmp_path / "tokenizer"
-    tokenizer.mkdir()
-    (tokenizer / "smelt.json").write_text(
-        json.dumps({"vocab_size": VOCAB, "bos_id": 256, "eos_id": EOS, "pad_id": 258})
-    )
-    return tokens, tokenizer
+    return write_token_data(tmp_path)
 
 
 def tiny_config(**train):

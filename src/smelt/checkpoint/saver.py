@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from smelt.checkpoint.store import (
+    SAVE_ERRORS,
     _is_main,
     _quiet_dcp,
     commit,
@@ -113,7 +114,7 @@ class Checkpointer:
                 written = dcp.async_save(
                     model_optim_state(model, optimizer), checkpoint_id=tmp, process_group=self.group
                 )
-        except OSError as exc:
+        except SAVE_ERRORS as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise save_failed(exc, step, self.dir) from exc
         stall = time.perf_counter() - started
@@ -126,7 +127,7 @@ class Checkpointer:
             written.result()
             # Rank 0's write ends after DCP gathered every rank's write results, so all shards are on disk.
             path = commit(tmp, step, meta) if _is_main() else self.dir / tmp.name.removeprefix(".tmp-")
-        except OSError as exc:
+        except SAVE_ERRORS as exc:
             if _is_main():
                 shutil.rmtree(tmp, ignore_errors=True)
             raise save_failed(exc, step, self.dir) from exc

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from smelt.config import ModelConfig
@@ -246,8 +247,15 @@ def commit(tmp: Path, step: int, meta: dict[str, Any]) -> Path:
     return final
 
 
+# DCP wraps a rank's write error (a full disk, a failing writer) in CheckpointException.
+SAVE_ERRORS = (OSError, CheckpointException)
+
+
 def save_failed(exc: BaseException, step: int, checkpoints_dir: Path) -> UserError:
     """The error a failed write becomes: what happened and which checkpoint is still good."""
+    if isinstance(exc, CheckpointException):
+        causes = [str(e[0] if isinstance(e, tuple) else e) for e in exc.failures.values()]
+        exc = RuntimeError("; ".join(causes) or str(exc))
     previous = latest_checkpoint(checkpoints_dir)
     intact = (
         f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
@@ -288,7 +296,7 @@ def save_checkpoint(
         with _quiet_dcp():
             dcp.save(model_optim_state(model, optimizer), checkpoint_id=tmp, process_group=process_group)
         final = commit(tmp, step, meta) if _is_main() else tmp.parent / step_dir_name(step)
-    except OSError as exc:
+    except SAVE_ERRORS as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise save_failed(exc, step, checkpoints_dir) from exc
     _barrier()
