@@ -186,9 +186,10 @@ def test_async_snapshot_is_isolated_from_later_updates(tmp_path):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     saver = Checkpointer(tmp_path / "ckpt", keep_last=2, async_save=True)
     events = saver.save(4, model, optimizer, {**META, "tokens": 4}, {"rng": {}}, batch_tokens=1)
+    saver.before_update()  # the trainer's contract: the host copy is done before weights change
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(1.0)  # the next optimizer step, while the save is still writing
+            p.add_(1.0)  # the next optimizer step, while the save may still be writing
     events += saver.close()
     assert [e["event"] for e in events] == ["checkpoint"] and events[0]["async"]
     loaded, _ = load_model(latest_checkpoint(tmp_path / "ckpt"))

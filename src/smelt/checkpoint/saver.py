@@ -1,10 +1,12 @@
 """Checkpoints from inside the training loop: snapshot, background write, commit, retention.
 
-With `checkpoint.async_save` the loop stalls only while DCP copies the state to host memory; the
-write, the checksums, the commit and pruning run on a background thread (and, under torchrun, over a
-separate gloo group, so checkpoint collectives never interleave with the training ones). A save that
-finds the previous one still writing waits for it and says so in metrics.jsonl. Every finished save
-becomes an event with its stall and write times.
+With `checkpoint.async_save` the copy to host memory (DCP's stager, into buffers reused from save to
+save) runs on a background thread while the next step's forward and backward passes run, which only
+read the weights; the loop blocks only if the copy is not finished when the optimizer is about to
+change them (`before_update`). The write, the checksums, the commit and pruning then run on another
+background thread (under torchrun over a separate gloo group, so checkpoint collectives never
+interleave with the training ones). A save that finds the previous one still writing waits for it
+and says so in metrics.jsonl. Every finished save becomes an event with its stall and write times.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.utils._pytree as pytree
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from smelt.checkpoint.store import (
     SAVE_ERRORS,
@@ -41,6 +45,7 @@ class _Pending:
     started: float
     stall_s: float
     milestone: bool
+    staged: Future
     done: Future
 
 
@@ -64,6 +69,7 @@ class Checkpointer:
         # DCP's async path plans and gathers over a CPU-capable group of its own (new_group is collective).
         self.group = dist.new_group(backend="gloo") if async_save and distributed else None
         self.pending: _Pending | None = None
+        self.stager: DefaultStager | None = None
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smelt-checkpoint")
         if _is_main() and self.dir.is_dir():
             for stale in self.dir.glob(".tmp-step_*"):  # partial saves of a crashed run, never committed
@@ -108,19 +114,41 @@ class Checkpointer:
             events.append(self._event(step, tokens, path, elapsed, elapsed, milestone, asynchronous=False))
             return events
         tmp = prepare_tmp(self.dir, step)
+        # Fresh containers now (the copy thread then sees no later change to step counts or LR
+        # values); the tensors themselves are copied in the background until before_update.
+        state = pytree.tree_map(lambda leaf: leaf, model_optim_state(model, optimizer))
         try:
             write_rank_state(tmp, rank_state)
             with _quiet_dcp():
-                written = dcp.async_save(
-                    model_optim_state(model, optimizer), checkpoint_id=tmp, process_group=self.group
+                response = dcp.async_save(
+                    state, checkpoint_id=tmp, process_group=self.group, async_stager=self._stager(model)
                 )
         except SAVE_ERRORS as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise save_failed(exc, step, self.dir) from exc
         stall = time.perf_counter() - started
-        done = self.worker.submit(self._finish, written, tmp, step, meta)
-        self.pending = _Pending(step, tokens, started, stall, milestone, done)
+        done = self.worker.submit(self._finish, response.upload_completion, tmp, step, meta)
+        self.pending = _Pending(step, tokens, started, stall, milestone, response.staging_completion, done)
         return events
+
+    def _stager(self, model: torch.nn.Module) -> DefaultStager:
+        if self.stager is None:
+            cuda = next(model.parameters()).device.type == "cuda"
+            self.stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
+                    use_non_blocking_copy=cuda,
+                )
+            )  # fmt: skip
+        return self.stager
+
+    def before_update(self) -> None:
+        """Call before anything changes weights or optimizer state: waits for the host copy if needed."""
+        if self.pending is None or self.pending.staged.done():
+            return
+        waited = time.perf_counter()
+        self.pending.staged.result()
+        self.pending.stall_s += time.perf_counter() - waited
 
     def _finish(self, written: Future, tmp: Path, step: int, meta: dict[str, Any]) -> tuple[Path, float]:
         try:
@@ -162,9 +190,10 @@ class Checkpointer:
 
     def wait(self) -> list[dict[str, Any]]:
         """Block until the background save (if any) is committed; its event, or its error raised."""
-        pending, self.pending = self.pending, None
-        if pending is None:
+        if self.pending is None:
             return []
+        self.before_update()
+        pending, self.pending = self.pending, None
         path, finished = pending.done.result()
         write = finished - pending.started
         return [
@@ -176,3 +205,6 @@ class Checkpointer:
             return self.wait()
         finally:
             self.worker.shutdown(wait=True)
+            if self.stager is not None:
+                self.stager.close()
+                self.stager = None

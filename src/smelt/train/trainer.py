@@ -421,6 +421,7 @@ def _train(
                 raise fail(step, f"training stopped by alert at step {step}: {alerts[-1].message}")
             if ratios is not None and action == "apply" and not overflow and step % tc.monitor_every == 0:
                 ratios.snapshot()
+            checkpointer.before_update()  # a checkpoint's host copy must finish before weights change
             if overflow:
                 assert scaler is not None
                 scaler.step(optimizer)  # sees the inf gradients and skips the update
