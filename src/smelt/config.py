@@ -463,6 +463,11 @@ class TrainConfig:
     monitor_every: int = _opt(
         0, range=(0, 10**9), help="steps between per-layer update/weight ratios and norms (0: off)"
     )
+    watchdog_s: float = _opt(
+        0.0, range=(0.0, 1e7),
+        help="end the run (exit 124, every thread's stack in RUN/train/watchdog.log) when no step, eval or "
+        "save finishes for this many seconds (0: off)",
+    )  # fmt: skip
 
 
 @dataclass

@@ -87,7 +87,12 @@ def test_train_end_to_end(data, tmp_path):
     assert train_lines[-1]["loss"] < first["loss"]
     evals = [r for r in lines if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [5, 10, 12] and all(r["val_loss"] > 0 for r in evals)
-    events = [(r["event"], r["step"]) for r in lines if r["kind"] == "event" and r["event"] != "mixture"]
+    # A backlog alert (the previous async save still writing) depends on timing, not on the run.
+    events = [
+        (r["event"], r["step"])
+        for r in lines
+        if r["kind"] == "event" and r["event"] != "mixture" and r.get("alert") != "checkpoint_backlog"
+    ]
     assert events == [
         ("start", 0),
         ("data_plan", 0),
@@ -167,7 +172,9 @@ def test_nan_loss_stops_with_event(data, tmp_path, monkeypatch):
         train(tiny_config(max_consecutive_skips=3), tokens, tokenizer, tmp_path / "run")
     lines = read_metrics(tmp_path / "run")
     assert [r["step"] for r in lines if r.get("event") == "skip"] == [1, 2, 3]
-    assert [r["alert"] for r in lines if r.get("event") == "alert"] == ["nonfinite"] * 3
+    assert [r["alert"] for r in lines if r.get("alert") not in (None, "checkpoint_backlog")] == [
+        "nonfinite"
+    ] * 3
     assert lines[-1]["event"] == "end" and lines[-1]["status"] == "failed"
 
     with pytest.raises(RuntimeError, match="stopped by alert at step 1: loss is nan"):
@@ -234,6 +241,10 @@ def test_resume_across_a_stage_boundary_replays_nothing(data, tmp_path):
     reference = read_metrics(tmp_path / "full")
     stages = [(r["step"], r["stage"]) for r in reference if r.get("event") == "stage"]
     assert stages == [(0, "broad"), (4, "focus")]  # focus starts with step 5
+    # Train loss per source: each step's token-weighted mix of the two is the logged loss.
+    for r in (r for r in reference if r["kind"] == "train"):
+        assert set(r["loss_by_source"]) <= {"other", "synth"} and r["loss_by_source"]
+        assert min(r["loss_by_source"].values()) - 1e-6 <= r["loss"] <= max(r["loss_by_source"].values()) + 1e-6
 
     run = tmp_path / "resumed"
     (run / "checkpoints").mkdir(parents=True)

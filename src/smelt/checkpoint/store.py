@@ -418,7 +418,7 @@ def load_model(
     """Rebuild the model from a checkpoint's meta.json and load its weights (checksums verified)."""
     checkpoint_dir = Path(checkpoint_dir)
     meta = read_meta(checkpoint_dir)
-    model = Transformer(ModelConfig(**meta["model_config"]), int(meta["vocab_size"]))
+    model = Transformer.for_loading(ModelConfig(**meta["model_config"]), int(meta["vocab_size"]))
     state = {"model": model.state_dict()}
     _dcp_load(state, checkpoint_dir)  # loads in place into the module's tensors
     model.load_state_dict(state["model"])

@@ -243,6 +243,20 @@ class Transformer(nn.Module):
         self.register_buffer("rope", table, persistent=False)
         self.reset_parameters()
 
+    @classmethod
+    def for_loading(
+        cls, cfg: ModelConfig, vocab_size: int, device: str | torch.device = "cpu"
+    ) -> Transformer:
+        """A model whose weights a checkpoint is about to overwrite: the random init (most of the time
+        to build a large model on CPU) is skipped by building on the meta device."""
+        with torch.device("meta"):
+            model = cls(cfg, vocab_size)
+        model.to_empty(device=device)
+        model.rope = rope_table(max(rotary_dim(cfg), 2), cfg.max_seq_len, cfg.rope_theta).to(device)
+        if cfg.tie_embeddings:  # to_empty gives each parameter its own storage
+            model.lm_head.weight = model.tok_emb.weight
+        return model
+
     @torch.no_grad()
     def reset_parameters(self) -> None:
         def trunc_(weight: torch.Tensor, std: float) -> None:

@@ -6,6 +6,7 @@ same updates" live in one short function:
   over micro steps and ranks), so the gradient is the token mean over the whole global batch however
   it is split; DDP and FSDP average gradients over ranks, hence the factor world_size;
 - gradients are synchronised on the last micro step only (no_sync / set_requires_gradient_sync);
+- with several sources, each row's cross-entropy is also summed per source (train loss per source);
 - the norm is taken after accumulation, after the all-reduce or reduce-scatter, after fp16
   unscaling, in fp32, over the whole model (across FSDP shards); the clip uses that one norm.
 """
@@ -34,24 +35,46 @@ def forward_backward(
     world_size: int,
     doc_masking: bool,
     device: torch.device,
-) -> tuple[torch.Tensor, int]:
-    """Accumulate the step's gradients; returns (the global token-mean cross-entropy, global tokens)."""
-    counts = [int((m.targets != IGNORE_INDEX).sum()) for m in micro]  # on the host: no device sync
+    sources: Sequence[str] = (),
+) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+    """Accumulate the step's gradients.
+
+    Returns (the global token-mean cross-entropy, global tokens, per-source [cross-entropy sum, tokens]
+    rows in the order of `sources`, summed over ranks; None unless `sources` names two or more).
+    """
+    row_tokens = [(m.targets != IGNORE_INDEX).sum(dim=1) for m in micro]  # on the host: no device sync
+    counts = [int(rows.sum()) for rows in row_tokens]
     total = torch.tensor(float(sum(counts)), dtype=torch.float64)
     global_tokens = max(1, int(all_reduce_sum(total).item()))
     ce_sum = torch.zeros((), device=device, dtype=torch.float32)
+    by_source = (
+        torch.zeros((len(sources), 2), device=device, dtype=torch.float64) if len(sources) > 1 else None
+    )
+    index = {name: i for i, name in enumerate(sources)}
     for i, m in enumerate(micro):
         batch = m.to(device, non_blocking=True)
         docs = {"doc_ids": batch.doc_ids, "position_ids": batch.position_ids} if doc_masking else {}
         weight = counts[i] / global_tokens
         with grad_sync(model, mode, sync=i == len(micro) - 1):
             with precision.autocast():
-                _, parts = forward(batch.inputs, batch.targets, loss_parts=True, **docs)
+                reduction = "none" if by_source is not None else "mean"
+                _, parts = forward(batch.inputs, batch.targets, loss_parts=True, reduction=reduction, **docs)
+            if by_source is not None:
+                # Per-token losses (0 where ignored): the row sums feed the per-source figures.
+                rows = parts["ce"].detach().double().sum(dim=1)
+                rows_at = torch.tensor([index[s] for s in batch.sources], device=device)
+                by_source[:, 0].index_add_(0, rows_at, rows)
+                by_source[:, 1].index_add_(0, rows_at, row_tokens[i].to(device, torch.float64))
+                parts = {k: v.sum() / max(counts[i], 1) for k, v in parts.items()}
             # The logged loss is the cross-entropy; the optimized one adds the z-loss when enabled.
             loss = parts["loss"] * (weight * world_size)
             ce_sum += parts["ce"].detach().float() * weight
             (scaler.scale(loss) if scaler is not None else loss).backward()
-    return all_reduce_sum(ce_sum), global_tokens
+    return (
+        all_reduce_sum(ce_sum),
+        global_tokens,
+        (all_reduce_sum(by_source) if by_source is not None else None),
+    )
 
 
 def finish_grads(

@@ -55,6 +55,7 @@ from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
 from smelt.train.schedule import Schedule, warmup_steps
 from smelt.train.step import finish_grads, forward_backward
+from smelt.train.watchdog import Watchdog
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,8 @@ def _train(
     bar = progress(total=plan.steps, unit="step") if ctx.is_main else tqdm(disable=True)
     bar.update(start_step)
     window_losses: list[float] = []
+    train_sources = list(data_plan.sources)
+    window_source_sums = torch.zeros((len(train_sources), 2), dtype=torch.float64)
     window_clipped = window_skipped = window_steps = 0
     window_time, window_wait, train_time, total_wait = 0.0, 0.0, 0.0, 0.0
     last_log_loss = float("nan")
@@ -380,6 +383,12 @@ def _train(
     final: Path | None = None
     skipped_total = rollbacks = 0
     wrapped.train()
+    # A hung collective or a stuck filesystem never raises; the watchdog turns it into a crash
+    # (with every thread's stack) that a supervisor can restart from the last checkpoint.
+    watchdog = Watchdog(
+        tc.watchdog_s, out_dir / ("watchdog.log" if rank == 0 else f"watchdog_rank{rank}.log")
+    )
+    watchdog.start()
     try:
         for step in range(start_step + 1, plan.steps + 1):
             t0 = time.perf_counter()
@@ -393,10 +402,12 @@ def _train(
                                "weights": stage.weights})  # fmt: skip
             lr = schedule(step - 1)
             set_lr(optimizer, lr)
-            loss_t, _ = forward_backward(
+            loss_t, _, source_sums = forward_backward(
                 wrapped, forward, data.micro, precision=precision, scaler=scaler, mode=tc.parallel,
-                world_size=world_size, doc_masking=tc.doc_masking, device=device,
+                world_size=world_size, doc_masking=tc.doc_masking, device=device, sources=train_sources,
             )  # fmt: skip
+            if source_sums is not None:
+                window_source_sums += source_sums.cpu()
             norm_t = finish_grads(model, optimizer, scaler, tc.grad_clip, sharded)
             loss_value, norm_value = (
                 float(v) for v in torch.stack([loss_t.float(), norm_t.float().cpu()]).tolist()
@@ -494,8 +505,10 @@ def _train(
                     "loader_wait_share": window_wait / max(window_time, 1e-9),
                     "memory_mb": _memory_mb(device),
                     **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
+                    **_by_source(train_sources, window_source_sums),
                     "elapsed_s": time.time() - started,
                 })  # fmt: skip
+                window_source_sums.zero_()
                 if window_losses:
                     bar.set_postfix(loss=f"{last_log_loss:.3f}", tok_s=f"{tps:,.0f}", refresh=False)
                 window_losses, window_time, window_wait = [], 0.0, 0.0
@@ -504,6 +517,7 @@ def _train(
                 last_val = run_eval(step)
             if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint(step)
+            watchdog.beat(step)
         last_val = run_eval(plan.steps)
         checkpoint(plan.steps)
         for event in checkpointer.close():
@@ -514,6 +528,7 @@ def _train(
                        "status": "ok", "wall_time_s": time.time() - started, "skipped_steps": skipped_total,
                        "rollbacks": rollbacks})  # fmt: skip
     finally:
+        watchdog.stop()
         # A save still writing when the run fails is finished (and committed) before the process ends.
         with contextlib.suppress(Exception):
             for event in checkpointer.close():
@@ -545,6 +560,13 @@ def _train(
         "checkpoint": str(final) if final is not None else None,
         "wall_time_s": time.time() - started,
     }
+
+
+def _by_source(sources: list[str], sums: torch.Tensor) -> dict[str, Any]:
+    """{"loss_by_source": {source: token-mean cross-entropy}} over a logging window (several sources only)."""
+    if len(sources) < 2:
+        return {}
+    return {"loss_by_source": {s: ce / n for s, (ce, n) in zip(sources, sums.tolist(), strict=True) if n > 0}}
 
 
 def _clipped_norm(norm: float, clip: float) -> float | None:
