@@ -100,3 +100,32 @@ def test_spike_statistics_start_after_warmup():
 
     tc = TrainConfig(alert_min_history=20)
     assert _alert_policy(tc, 25).min_history == 45  # grad norms swing while the LR ramps
+
+
+def test_fp16_overflow_skips_the_update_and_halves_the_loss_scale(data, tmp_path, monkeypatch):  # noqa: F811
+    # fp16 is refused on CPU by configuration; the loss-scaling path itself runs on CPU autocast.
+    from smelt.train import trainer
+    from smelt.train.precision import Precision
+
+    monkeypatch.setattr(trainer, "resolve_precision", lambda name, device: Precision("fp16", "cpu"))
+    real_forward = Transformer.forward
+    calls = {"n": 0}
+
+    def overflowing(self, idx, targets=None, **kw):
+        logits, loss = real_forward(self, idx, targets, **kw)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if (calls["n"] - 1) // 2 + 1 == 4:  # optimizer step 4 (2 micro steps each)
+                loss = {k: v * 1e30 for k, v in loss.items()}  # scaled gradients overflow to inf
+        return logits, loss
+
+    monkeypatch.setattr(Transformer, "forward", overflowing)
+    tokens, tokenizer = data
+    summary = train(tiny_config(eval_every=0, log_every=1), tokens, tokenizer, tmp_path / "run")
+    lines = read_metrics(tmp_path / "run")
+    overflows = [r for r in lines if r.get("event") == "overflow"]
+    assert [r["step"] for r in overflows] == [4]
+    scales = {r["step"]: r["loss_scale"] for r in lines if r["kind"] == "train"}
+    assert scales[3] == 65536.0 and scales[4] == overflows[0]["loss_scale"] == 32768.0
+    assert not [r for r in lines if r.get("event") in ("skip", "rollback")]  # an overflow is not a spike
+    assert summary["skipped_steps"] == 0 and math.isfinite(summary["final_train_loss"])

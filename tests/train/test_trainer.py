@@ -127,6 +127,16 @@ def test_train_end_to_end(data, tmp_path):
     x = torch.randint(0, 256, (2, 32))
     logits, _ = model(x)
     assert not torch.equal(logits, again(x)[0])  # really the trained weights
+    run = json.loads((out / "run.json").read_text())
+    assert (
+        run["config_hash"] == meta["config_hash"]
+        and run["seeds"]["run"] == 3
+        and run["launch"]["from_step"] == 0
+    )
+    assert {"code", "devices", "host"} <= set(run["launch"]) and run["libraries"][
+        "torch"
+    ] == torch.__version__
+    assert json.loads((out / "summary.json").read_text())["steps"] == 12
     rank_state = json.loads((final / "rank_00000.json").read_text())
     assert set(rank_state["rng"]) >= {"python", "numpy", "torch_cpu"}
     saves = [r for r in lines if r.get("event") == "checkpoint"]
@@ -244,7 +254,9 @@ def test_resume_across_a_stage_boundary_replays_nothing(data, tmp_path):
     # Train loss per source: each step's token-weighted mix of the two is the logged loss.
     for r in (r for r in reference if r["kind"] == "train"):
         assert set(r["loss_by_source"]) <= {"other", "synth"} and r["loss_by_source"]
-        assert min(r["loss_by_source"].values()) - 1e-6 <= r["loss"] <= max(r["loss_by_source"].values()) + 1e-6
+        assert (
+            min(r["loss_by_source"].values()) - 1e-6 <= r["loss"] <= max(r["loss_by_source"].values()) + 1e-6
+        )
 
     run = tmp_path / "resumed"
     (run / "checkpoints").mkdir(parents=True)

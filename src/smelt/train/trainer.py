@@ -37,6 +37,7 @@ from smelt.checkpoint.store import (
 )
 from smelt.config import Config, TrainConfig, hash_json
 from smelt.errors import ConfigError, UserError
+from smelt.manifest import write_json
 from smelt.model.flops import count_params, flops_per_token
 from smelt.model.transformer import Transformer
 from smelt.progress import log, progress
@@ -269,6 +270,7 @@ def _train(
         "model_config": cfg.model.__dict__.copy(),
         "vocab_size": vocab_size,
         "tokenizer_hash": tokens_meta.get("tokenizer_hash") or _file_hash(tokenizer_dir / "tokenizer.json"),
+        "data_hash": _file_hash(tokens_dir / "shards.json"),
     }
 
     start_step = 0
@@ -309,6 +311,10 @@ def _train(
         "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
         **({"world_size_changed": True} if resume_from is not None and rank_state is None else {}),
     })  # fmt: skip
+    if ctx.is_main:
+        _write_run_manifest(
+            out_dir, cfg, identity, resume_from, start_step, world_size, device, precision.name
+        )
     for warning in resume_warnings:
         if ctx.is_main:
             log(f"warning: {warning}")
@@ -350,7 +356,6 @@ def _train(
             "alerts": spikes.state_dict(),
             "config": config_dict,
             "config_hash": hash_json(config_dict),
-            "data_hash": _file_hash(tokens_dir / "shards.json"),
             **identity,
             "precision": precision.name,
             "world_size": world_size,
@@ -537,7 +542,7 @@ def _train(
         bar.close()
         metrics.close()
 
-    return {
+    summary = {
         "steps": plan.steps,
         "tokens": plan.tokens,
         "params_total": params["total"],
@@ -560,6 +565,48 @@ def _train(
         "checkpoint": str(final) if final is not None else None,
         "wall_time_s": time.time() - started,
     }
+    if ctx.is_main:
+        write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def _write_run_manifest(
+    out_dir: Path,
+    cfg: Config,
+    identity: dict[str, Any],
+    resume_from: Path | None,
+    start_step: int,
+    world_size: int,
+    device: torch.device,
+    precision: str,
+) -> None:
+    """out_dir/run.json: what this run is (config, data, tokenizer, code, environment, devices, seeds);
+    every resume appends where and how it continued."""
+    import platform
+
+    from smelt.manifest import code_version, library_versions
+
+    launch = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": start_step,
+        "checkpoint": str(resume_from) if resume_from is not None else None, "world_size": world_size,
+        "device": str(device), "precision": precision, "code": code_version(),
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if device.type == "cuda" else [platform.processor() or platform.machine()],
+        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "hostname": platform.node()},
+    }  # fmt: skip
+    path = out_dir / "run.json"
+    if resume_from is not None and path.is_file():
+        manifest = json.loads(path.read_text())
+        manifest.setdefault("resumes", []).append(launch)
+    else:
+        config = cfg.to_dict()
+        manifest = {
+            "config": config, "config_hash": hash_json(config), **identity,
+            "libraries": library_versions(),
+            "seeds": {"run": cfg.run.seed, "rank_train": [rank_seed(cfg.run.seed, r, "train") for r in range(world_size)]},
+            "launch": launch,
+        }  # fmt: skip
+    write_json(path, manifest)
 
 
 def _by_source(sources: list[str], sums: torch.Tensor) -> dict[str, Any]:
