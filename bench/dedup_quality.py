@@ -9,7 +9,7 @@ document with its cluster's kept copy; one with true Jaccard < 0.7 is a false po
 pairs inside clusters), pair recall for planted pairs with Jaccard >= 0.85 (and per Jaccard band),
 and cluster precision/recall.
 
-    python bench/dedup_quality.py [--docs 3000]
+    python bench/dedup_quality.py [--docs 3000] [--verify signature|jaccard|none]
 """
 
 from __future__ import annotations
@@ -132,9 +132,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--docs", type=int, default=3000, help="base documents")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verify", default="signature", choices=("signature", "jaccard", "none"))
+    parser.add_argument("--name", default="", help="result name (default dedup_quality[_VERIFY])")
     args = parser.parse_args()
     texts, group = build(args.docs, args.seed)
-    nd = NearDedupConfig(enabled=True)
+    nd = NearDedupConfig(enabled=True, verify=args.verify)
     with tempfile.TemporaryDirectory() as tmp:
         shards = write_shards(texts, Path(tmp) / "map")
         start = time.perf_counter()
@@ -205,7 +207,12 @@ def main() -> None:
     figures["reported_clusters"] = len(clusters)
     figures["near_dedup_s"] = round(seconds, 2)
     figures.update({f"lsh_{k}": v for k, v in plan.report.items() if k in ("bands", "rows")})
-    write_result("dedup_quality", figures)
+    figures["verify"] = args.verify
+    figures["candidate_pairs"] = plan.report["candidate_pairs"]
+    figures["verified_pairs"] = plan.report["verified_pairs"]
+    figures["detached_from_cluster"] = plan.report["detached_from_cluster"]
+    default = "dedup_quality" if args.verify == "signature" else f"dedup_quality_{args.verify}"
+    write_result(args.name or default, figures)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,15 @@ RSS (its own, or its largest worker's) is measured alone:
 * `datasketch`: datasketch MinHash (same shingles, update_batch) + MinHashLSH insert and query, with the
   same bands x rows.
 `--scale` repeats the step at fractions of the corpus to show memory per document stays flat.
+Also, unless `--skip-lines-decontam`, on the same documents (whole shards of 20,000):
+* `lines`: boilerplate line dedup (max_docs 100, min_chars 20): the counting pass over the shards
+  (`count_lines`) and the step over the documents, documents/s each;
+* `decontam`: the 13-gram index of HellaSwag (val), ARC-Easy, MMLU (test) and GSM8K (test) from the
+  shared eval files (build time), then the step over the documents, documents/s.
 
     python bench/dedup_speed.py [--docs 100000]   # datasketch needed: pip install datasketch
     python bench/dedup_speed.py --docs 1000000 --skip-datasketch --workers 2 --name dedup_1m
+    python bench/dedup_speed.py --docs 40000 --only-lines-decontam --name dedup_lines_decontam
 """
 
 from __future__ import annotations
@@ -71,6 +77,8 @@ def phase(name: str, data: Path, limit: int, workers: int) -> dict:
 
     nd = NearDedupConfig(enabled=True)
     params = params_of(nd)
+    if name in ("lines", "decontam"):
+        return text_steps(name, paths[: -(-limit // PER_SHARD)])
     if name == "step":
         with tempfile.TemporaryDirectory(dir=data) as tmp:
             shards, left = [], limit
@@ -125,6 +133,53 @@ def phase(name: str, data: Path, limit: int, workers: int) -> dict:
     }
 
 
+def text_steps(name: str, paths: list[Path]) -> dict:
+    """Line dedup or decontamination over the documents of `paths`, timed apart from reading them."""
+    from smelt.config import DecontamConfig, EvalSetConfig
+    from smelt.data.dedup.decontam import Decontaminate
+    from smelt.data.dedup.lines import LineDedup, count_lines
+    from smelt.data.document import Doc, Ledger
+
+    docs = []
+    for path in paths:
+        table = pq.read_table(path, columns=["id", "text"]).to_pydict()
+        docs += [Doc("bench", 0, i, t, path.name) for i, t in zip(table["id"], table["text"], strict=True)]
+    out: dict[str, object] = {
+        "docs": len(docs),
+        "mb": round(sum(len(d.text.encode()) for d in docs) / 1e6, 1),
+    }
+    ledger = Ledger()
+    if name == "lines":
+        step = LineDedup(100, 20)
+        start, cpu = time.perf_counter(), time.process_time()
+        step.set_counts(*count_lines(paths, step.min_chars))
+        out["count_seconds"] = time.perf_counter() - start
+        out["count_cpu_seconds"] = time.process_time() - cpu
+        out["boilerplate_lines"] = len(step.boilerplate)
+    else:
+        shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+        evals = [
+            EvalSetConfig("hellaswag", str(shared / "hellaswag/olmes_hellaswag_val1000_rc_5shot"), "olmes"),
+            EvalSetConfig("arc_easy", str(shared / "arc_easy/mosaic_arc_easy_test.jsonl"), "mosaic"),
+            EvalSetConfig("mmlu", str(shared / "mmlu/test"), "mmlu_csv"),
+            EvalSetConfig("gsm8k", str(shared / "gsm8k/test.jsonl"), "gsm8k"),
+        ]
+        start = time.perf_counter()
+        step = Decontaminate.from_config(DecontamConfig(evals=evals))
+        out["index_seconds"] = time.perf_counter() - start
+        out["index_ngrams"] = len(step.index.hashes)
+    start, cpu = time.perf_counter(), time.process_time()
+    kept = list(step.run(docs, ledger))
+    out["seconds"] = time.perf_counter() - start
+    out["cpu_seconds"] = time.process_time() - cpu
+    out["changed_or_dropped"] = (
+        len(docs)
+        - len(kept)
+        + sum(1 for d in kept if "boilerplate_lines_removed" in d.meta or "contamination" in d.meta)
+    )
+    return out
+
+
 def run_phase(name: str, data: Path, limit: int, workers: int = 1) -> dict:
     out = subprocess.run(
         [
@@ -153,6 +208,9 @@ def main() -> None:
     parser.add_argument("--data", default="")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--skip-datasketch", action="store_true")
+    parser.add_argument("--skip-lines-decontam", action="store_true")
+    parser.add_argument("--only-lines-decontam", action="store_true", help="skip the near-dup phases")
+    parser.add_argument("--shards", default="", help="a folder of shards from an earlier run (kept)")
     parser.add_argument("--scale", action="store_true", help="also run the step at 1/4 and 1/2 of --docs")
     parser.add_argument("--name", default="dedup_speed")
     args = parser.parse_args()
@@ -165,29 +223,54 @@ def main() -> None:
         print(json.dumps(result))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp)
+        data = Path(args.shards or tmp)
         start = time.perf_counter()
-        generate(args.docs, data)
-        mb = sum(p.stat().st_size for p in data.glob("*.parquet")) / 1e6
+        if not args.shards:
+            generate(args.docs, data)
+        mb = sum(p.stat().st_size for p in sorted(data.glob("shard-*.parquet"))[: -(-args.docs // PER_SHARD)])
+        mb /= 1e6
         figures: dict[str, object] = {
             "documents": args.docs,
             "generate_s": round(time.perf_counter() - start, 1),
         }
         figures["parquet_mb"] = round(mb, 1)
         w = args.workers
-        if not args.skip_datasketch or args.workers == 1:
+        if args.only_lines_decontam:
+            args.skip_datasketch = True
+        elif not args.skip_datasketch or args.workers == 1:
             sig = run_phase("sig", data, args.docs)
             figures["signatures_docs_per_s_per_core"] = round(sig["docs"] / sig["seconds"])
-        step = run_phase("step", data, args.docs, w)
-        figures["step_workers"] = w
-        figures["step_s"] = round(step["seconds"], 1)
-        figures["step_docs_per_s_per_core"] = round(step["docs"] / step["seconds"] / w)
-        figures["step_peak_rss_mb"] = step["peak_rss_mb"]
-        figures["step_removed"] = step["removed"]
-        if args.scale:
+        if not args.only_lines_decontam:
+            step = run_phase("step", data, args.docs, w)
+            figures["step_workers"] = w
+            figures["step_s"] = round(step["seconds"], 1)
+            figures["step_docs_per_s_per_core"] = round(step["docs"] / step["seconds"] / w)
+            figures["step_peak_rss_mb"] = step["peak_rss_mb"]
+            figures["step_removed"] = step["removed"]
+        if args.scale and not args.only_lines_decontam:
             for share in (4, 2):
                 small = run_phase("step", data, args.docs // share, w)
                 figures[f"step_peak_rss_mb_at_{args.docs // share}_docs"] = small["peak_rss_mb"]
+        if not args.skip_lines_decontam:
+            lines = run_phase("lines", data, args.docs)
+            figures["line_dedup_docs"] = lines["docs"]
+            figures["line_dedup_count_docs_per_s"] = round(lines["docs"] / lines["count_seconds"])
+            figures["line_dedup_step_docs_per_s"] = round(lines["docs"] / lines["seconds"])
+            figures["line_dedup_step_mb_per_s"] = round(lines["mb"] / lines["seconds"], 1)
+            # Per CPU second of the process: the rate on an idle core, whatever else the machine runs.
+            figures["line_dedup_count_docs_per_cpu_s"] = round(lines["docs"] / lines["count_cpu_seconds"])
+            figures["line_dedup_step_docs_per_cpu_s"] = round(lines["docs"] / lines["cpu_seconds"])
+            figures["line_dedup_boilerplate_lines"] = lines["boilerplate_lines"]
+            figures["line_dedup_docs_changed"] = lines["changed_or_dropped"]
+            figures["line_dedup_peak_rss_mb"] = lines["peak_rss_mb"]
+            dec = run_phase("decontam", data, args.docs)
+            figures["decontam_index_s"] = round(dec["index_seconds"], 1)
+            figures["decontam_index_ngrams"] = dec["index_ngrams"]
+            figures["decontam_docs_per_s"] = round(dec["docs"] / dec["seconds"])
+            figures["decontam_mb_per_s"] = round(dec["mb"] / dec["seconds"], 1)
+            figures["decontam_docs_per_cpu_s"] = round(dec["docs"] / dec["cpu_seconds"])
+            figures["decontam_docs_matched"] = dec["changed_or_dropped"]
+            figures["decontam_peak_rss_mb"] = dec["peak_rss_mb"]
         if not args.skip_datasketch:
             ds = run_phase("datasketch", data, args.docs)
             figures["datasketch_signatures_docs_per_s_per_core"] = round(ds["docs"] / ds["sig_seconds"])

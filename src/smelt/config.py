@@ -215,8 +215,9 @@ class NearDedupConfig:
     num_perm: int = _opt(128, range=(8, 1024), help="MinHash permutations (signature length)")
     verify: str = _opt(
         "signature",
-        choices=("none", "signature"),
-        help="check LSH candidates: `signature` keeps a pair if its estimated Jaccard >= threshold - 0.05",
+        choices=("none", "signature", "jaccard"),
+        help="check LSH candidates: `signature` keeps a pair if its estimated Jaccard >= threshold - 0.05; "
+        "`jaccard` if the true Jaccard of its shingle sets (kept on disk) >= threshold",
     )
     scope: str = _opt(
         "global",

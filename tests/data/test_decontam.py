@@ -113,3 +113,23 @@ def test_unknown_eval_format_is_a_config_error(tmp_path):
     path.write_text('[[data.decontam.evals]]\nname = "x"\npath = "x.jsonl"\nformat = "olmez"\n')
     with pytest.raises(ConfigError, match=r"data.decontam.evals\[0\].format = 'olmez'.*did you mean 'olmes'"):
         load_config(path)
+
+
+def test_batched_matching_equals_one_document_at_a_time():
+    items = [" ".join(f"item{k}word{i}" for i in range(30)) for k in range(5)]
+    index = EvalIndex({"a": items[:3], "b": items[3:]}, 13)
+    texts = [
+        FILLER + items[0] + " " + items[4],
+        "short text",
+        "",
+        FILLER + " ".join(items[1].split()[:14]),  # 2 of 18 n-grams: below the threshold
+        items[2] + " " + items[2],  # repeated n-grams count once
+        FILLER,
+    ]
+    one_by_one = [index.batch_matches([t], 0.5)[0] for t in texts]
+    assert one_by_one == [[0, 4], [], [], [], [2], []]
+    assert index.batch_matches(texts, 0.5) == one_by_one
+    assert index.batch_matches(texts, 0.1)[3] == [1]
+    # A text holding the batch separator word is checked on its own, with the same result.
+    odd = [*texts, "the \x00smelt\x00 word " + items[3]]
+    assert index.batch_matches(odd, 0.5) == [*one_by_one, [3]]

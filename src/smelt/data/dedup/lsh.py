@@ -96,7 +96,7 @@ class BucketFiles:
                 yield np.stack([code // n, code % n], axis=1)
 
 
-def verify_pairs(pairs: np.ndarray, sigs: np.ndarray, min_estimate: float, chunk: int = 65536) -> np.ndarray:
+def verify_pairs(pairs: np.ndarray, sigs: np.ndarray, min_estimate: float, chunk: int = 8192) -> np.ndarray:
     """The pairs whose signatures agree on at least `min_estimate` of their entries."""
     keep = np.zeros(len(pairs), bool)
     for lo in range(0, len(pairs), chunk):

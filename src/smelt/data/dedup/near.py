@@ -3,8 +3,10 @@
 Plan (`plan_near_dedup`): signatures of each map shard's documents are computed in a process pool and
 written next to the shard (`<key>.minhash.npy`, atomically, so a resumed run reuses them); band keys go
 to partitioned bucket files (`lsh.BucketFiles`, memory bounded by `data.near_dedup.memory_mb`);
-candidate pairs are verified on the signatures and merged by union-find; a member not itself close to its
-cluster's representative (joined only through a chain) is detached and kept. Documents are numbered in
+candidate pairs are verified (`data.near_dedup.verify`: on the signatures, or by true Jaccard of the
+shingle sets, which the signature workers then also write next to the shard, `<key>.shingles.npy`, 4
+bytes per distinct shingle) and merged by union-find; a member not itself close to its cluster's
+representative (joined only through a chain) is detached and kept. Documents are numbered in
 canonical order (config source order, file order, record order), and a cluster's representative is its
 smallest number, so the kept set is the same for any worker count. Only members of clusters with more
 than one document are remembered, keyed by (source, id).
@@ -32,6 +34,7 @@ import pyarrow.parquet as pq
 from smelt.config import DataConfig, NearDedupConfig
 from smelt.data.dedup.lsh import BucketFiles, UnionFind, band_keys, partition_count, verify_pairs
 from smelt.data.dedup.minhash import LshParams, MinHasher, lsh_params
+from smelt.data.dedup.stores import ShingleStore, SignatureStore, shingle_files, verify_by_jaccard
 from smelt.data.document import Doc, Ledger
 from smelt.data.steps import CorpusStep
 from smelt.errors import ConfigError
@@ -70,25 +73,36 @@ def signature_file(parquet: Path) -> Path:
     return parquet.with_suffix(".minhash.npy")
 
 
-def shard_signatures(parquet: str, num_perm: int, ngram: int, scope: str) -> int:
-    """Worker: signatures (+ group hashes) of one map shard, written atomically; returns the row count."""
+def shard_signatures(parquet: str, num_perm: int, ngram: int, scope: str, sets: bool = False) -> int:
+    """Worker: signatures (+ group hashes, + shingle sets if `sets`) of one map shard, written
+    atomically, the signatures last; returns the row count."""
     path = Path(parquet)
     out = signature_file(path)
-    if out.exists():
+    if out.exists() and (not sets or shingle_files(out)[1].exists()):
         return len(np.load(out, mmap_mode="r"))
     hasher = MinHasher(num_perm, ngram)
+    values, offsets = [], [np.zeros(1, np.int64)]
     grouped = scope == "dir" or scope.startswith("field:")
     columns = ["text", "meta" if scope.startswith("field:") else "file"] if grouped else ["text"]
     sigs, groups = [], []
     for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH, columns=columns):
         rows = batch.to_pydict()
-        sigs.append(hasher.signatures(rows["text"]))
+        sig, vals, offs = hasher.sketch(rows["text"], sets)
+        sigs.append(sig)
+        if sets:
+            offsets.append(offs[1:] + offsets[-1][-1])
+            values.append(vals)
         if scope.startswith("field:"):
             key = scope.removeprefix("field:")
             groups.extend(_group_hash(str(json.loads(m).get(key, ""))) for m in rows["meta"])
         elif scope == "dir":
             groups.extend(_group_hash(f.partition("/")[0] if "/" in f else "") for f in rows["file"])
     sig = np.concatenate(sigs) if sigs else np.zeros((0, num_perm), np.uint32)
+    if sets:
+        for target, array in zip(shingle_files(out), (values, offsets), strict=True):
+            tmp = target.with_name(target.name + ".tmp.npy")
+            np.save(tmp, np.concatenate(array) if array else np.zeros(0, np.uint32))
+            os.replace(tmp, target)
     if grouped:  # before the signatures: their file marks the shard as done
         gtmp = path.with_suffix(".groups.tmp.npy")
         np.save(gtmp, np.array(groups, np.uint64))
@@ -97,25 +111,6 @@ def shard_signatures(parquet: str, num_perm: int, ngram: int, scope: str) -> int
     np.save(tmp, sig)
     os.replace(tmp, out)
     return len(sig)
-
-
-class SignatureStore:
-    """Row access by global document number to the per-shard signature files, memory-mapped read-only:
-    verification touches only the pages of the documents in candidate pairs."""
-
-    def __init__(self, paths: list[Path], counts: list[int]):
-        self.arrays = [np.load(p, mmap_mode="r") for p in paths]
-        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-
-    def __getitem__(self, index: np.ndarray) -> np.ndarray:
-        index = np.asarray(index, np.int64)
-        shard = np.searchsorted(self.starts, index, side="right") - 1
-        width = self.arrays[0].shape[1] if self.arrays else 0
-        out = np.empty((len(index), width), np.uint32)
-        for s in np.unique(shard).tolist():
-            mask = shard == s
-            out[mask] = self.arrays[s][index[mask] - self.starts[s]]
-        return out
 
 
 @dataclass
@@ -132,7 +127,8 @@ def plan_near_dedup(
     """Cluster the documents of the map shards (`(source name, parquet)` in canonical order)."""
     nd = cfg.near_dedup
     params = params_of(nd)
-    jobs = [(str(p), nd.num_perm, nd.ngram, nd.scope) for _, p in parquets]
+    sets = nd.verify == "jaccard"
+    jobs = [(str(p), nd.num_perm, nd.ngram, nd.scope, sets) for _, p in parquets]
     if workers <= 1 or len(jobs) <= 1:
         counts = [shard_signatures(*job) for job in jobs]
     else:
@@ -143,7 +139,9 @@ def plan_near_dedup(
     lsh_dir = work / "lsh"
     partitions = partition_count(n, params.bands, nd.memory_mb << 20)
     buckets = BucketFiles(lsh_dir, partitions)
-    all_sigs = SignatureStore([signature_file(p) for _, p in parquets], counts)
+    sig_paths = [signature_file(p) for _, p in parquets]
+    all_sigs = SignatureStore(sig_paths, counts, nd.num_perm)
+    shingles = ShingleStore(sig_paths, counts) if sets else None
     first = 0
     for (source, parquet), count in zip(parquets, counts, strict=True):
         sig = np.load(signature_file(parquet))
@@ -159,22 +157,20 @@ def plan_near_dedup(
     candidates = verified = 0
     for pairs in buckets.candidate_pairs():
         candidates += len(pairs)
-        if nd.verify == "signature":
-            pairs = verify_pairs(pairs, all_sigs, nd.threshold - VERIFY_SLACK)
+        pairs = _verify(pairs, nd, all_sigs, shingles)
         verified += len(pairs)
         uf.union_pairs(pairs)
     roots = uf.roots()
     detached = 0
-    if nd.verify == "signature":
+    if nd.verify != "none":
         # Union-find is transitive: a chain of close pairs can join documents far apart. A member is
         # removed only when it is itself close to the copy that is kept; the others stay on their own.
         members = np.flatnonzero(roots != np.arange(n))
         pairs = np.stack([roots[members], members], axis=1)
-        close = verify_pairs(pairs, all_sigs, nd.threshold - VERIFY_SLACK)
+        close = _verify(pairs, nd, all_sigs, shingles)
         far = np.setdiff1d(members, close[:, 1])
         roots[far] = far
         detached = len(far)
-    del all_sigs
     sizes = np.bincount(roots, minlength=n)
     in_cluster = np.flatnonzero(sizes[roots] > 1)
     plan = NearDupPlan()
@@ -200,6 +196,19 @@ def plan_near_dedup(
     for p in lsh_dir.glob("bucket-*.bin"):
         p.unlink()
     return plan
+
+
+def _verify(
+    pairs: np.ndarray, nd: NearDedupConfig, sigs: SignatureStore, shingles: ShingleStore | None
+) -> np.ndarray:
+    """The candidate pairs that pass `data.near_dedup.verify`: estimated Jaccard (signatures) >=
+    threshold - VERIFY_SLACK, or true Jaccard of the shingle sets >= threshold, or all of them."""
+    if nd.verify == "signature":
+        return verify_pairs(pairs, sigs, nd.threshold - VERIFY_SLACK)
+    if nd.verify == "jaccard":
+        assert shingles is not None
+        return verify_by_jaccard(pairs, shingles, nd.threshold)
+    return pairs
 
 
 def _names_of(
