@@ -110,6 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pilot checks instead of training: step-0 loss ~ ln V, every parameter gets a "
                     "gradient, a fixed batch overfits, two same-seed runs are identical",
                 )
+                p.add_argument(
+                    "--max-restarts",
+                    type=int,
+                    default=0,
+                    metavar="N",
+                    help="relaunch after a crash (resuming from the latest checkpoint) up to N times, "
+                    "then give up with a summary; restarts go to RUN/restarts.jsonl (default: 0)",
+                )
+                p.add_argument(
+                    "--restart-backoff",
+                    type=float,
+                    default=5.0,
+                    metavar="SECONDS",
+                    help="wait before the first restart, doubled for each next one, at most 300 s (default: 5)",
+                )
             if name in ("curate", "tokenize"):
                 p.add_argument(
                     "--workers", type=int, default=None, help="worker processes (default: the config's)"
@@ -125,9 +140,48 @@ def build_parser() -> argparse.ArgumentParser:
         "AutoModelForCausalLM and AutoTokenizer.",
     )
     p.add_argument("run", help="run directory, e.g. runs/quickstart")
-    p.add_argument("--checkpoint", default="latest", help="latest (default) or a step number")
+    p.add_argument(
+        "--checkpoint", default="latest", help="latest (default), a step number or a checkpoint directory"
+    )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--out", default=None, help="output folder (default: RUN/export/hf)")
+
+    ckpt = sub.add_parser(
+        "checkpoint", help="list, verify and average checkpoints", description="Checkpoint commands."
+    )
+    ckpt_actions = ckpt.add_subparsers(dest="checkpoint_command", metavar="ACTION", required=True)
+    p = ckpt_actions.add_parser(
+        "list",
+        help="every checkpoint of a run: step, tokens, size, committed, milestone",
+        description="Table of RUN/train/checkpoints: step, tokens seen, size on disk, whether the save "
+        "committed, milestone, weights-only; --verify also checks every file's sha256.",
+    )
+    p.add_argument("run", help="run directory (or its train/checkpoints folder)")
+    p.add_argument("--verify", action="store_true", help="check every checksum (reads every file)")
+    p = ckpt_actions.add_parser(
+        "verify",
+        help="check a checkpoint's files against their sha256 (exit 2 naming a damaged file)",
+        description="Verify the latest committed checkpoint of RUN (or --step S, or --all, or RUN "
+        "itself when it is a checkpoint directory); exit code 2 names the first damaged file.",
+    )
+    p.add_argument("run", help="run directory, its train/checkpoints folder, or one checkpoint directory")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None, help="the checkpoint of this step")
+    which.add_argument("--all", action="store_true", help="every committed checkpoint")
+    p = ckpt_actions.add_parser(
+        "average",
+        help="average the weights of several checkpoints into a new weights-only checkpoint",
+        description="Uniform average (or, with --ema, an exponential moving average in step order) of the "
+        "model weights of the last N or the chosen checkpoints, written as a new committed checkpoint "
+        "without optimizer state (default: RUN/averaged/step_NNNNNNN-avgN), for eval and export.",
+    )
+    p.add_argument("run", help="run directory (or its train/checkpoints folder)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--last", type=int, metavar="N", help="the N newest checkpoints")
+    which.add_argument("--steps", type=int, nargs="+", metavar="STEP", help="these steps")
+    p.add_argument("--ema", type=float, default=None, metavar="DECAY", help="EMA with this decay, e.g. 0.9")
+    p.add_argument("--out", default=None, help="checkpoint directory to write")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
     inspect = sub.add_parser("inspect", help="look inside artifacts", description="Inspection commands.")
     looks = inspect.add_subparsers(dest="inspect_command", metavar="WHAT", required=True)
@@ -186,17 +240,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
     p.add_argument("--vocab-size", type=int, default=32_768, help="vocabulary size (default: 32768)")
     from smelt.plan import commands as plan_commands
+    from smelt.report import commands as report_commands
 
     plan_commands.add_parsers(sub, plans)
+    report_commands.add_parsers(sub)
 
     p = sub.add_parser(
         "eval",
-        help="held-out loss, bits-per-byte and samples of a checkpoint",
+        help="held-out loss, bits-per-byte, benchmark tasks and gallery of checkpoints",
         description="Evaluate a run: RUN is a run directory (e.g. runs/quickstart) or its "
-        "pipeline TOML file.",
+        "pipeline TOML file. Writes RUN/eval/step_NNNNNNN.json per checkpoint, and RUN/eval/curves.jsonl "
+        "and RUN/eval/gallery.json across the evaluated checkpoints.",
     )
     p.add_argument("run", help="run directory or pipeline TOML file")
-    p.add_argument("--checkpoint", default="latest", help="latest (default) or a step number")
+    p.add_argument(
+        "--checkpoint",
+        default="latest",
+        help="latest (default), all (every retained checkpoint not yet evaluated) or a step number",
+    )
+    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: eval.tasks); '' for none")
+    p.add_argument("--limit", type=int, default=None, help="items per task (default: eval.limit; 0: all)")
+    p.add_argument("--tasks-dir", default=None, help="benchmark files (default: eval.tasks_dir)")
     _add_common(p)
     return parser
 
@@ -243,13 +307,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from smelt.pipeline import STAGES, run_stage
     from smelt.plan import commands as plan_commands
+    from smelt.report import commands as report_commands
 
     handled = plan_commands.run(args)
+    if handled is None:
+        handled = report_commands.run(args)
     if handled is not None:
         return handled
     command = args.command
     if command == "export":
         return _export_hf(args)
+    if command == "checkpoint":
+        from smelt.checkpoint import tools as checkpoint_tools
+
+        return checkpoint_tools.run(args)
     if command == "curate-quality-train":
         return _quality_train(args)
     if command == "inspect" and args.inspect_command == "documents":
@@ -285,13 +356,22 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_all(load_config(args.config, args.overrides), args.force, STAGES)
     if command == "eval":
         cfg = _config_for_run(args.run, args.overrides)
-        if args.checkpoint != "latest":
-            return _eval_checkpoint(cfg, args.checkpoint)
+        if args.tasks_dir is not None:
+            cfg.eval.tasks_dir = args.tasks_dir
+        if args.checkpoint != "latest" or args.tasks is not None or args.limit is not None:
+            return _eval_checkpoint(cfg, args.checkpoint, args.tasks, args.limit)
+        from smelt.eval.run import write_views
+
         outcome = run_stage(cfg, "eval", force=args.force)
+        write_views(cfg.run_dir / "eval")
         _print_table(_eval_rows(outcome.result))
         return 0
     if command == "train" and args.check:
         return _train_check(args)
+    if command == "train" and args.max_restarts:
+        from smelt.train.supervise import run_supervised
+
+        return run_supervised(args)
     stage = {"curate": "curate", "tokenizer": "tokenizer", "tokenize": "tokenize", "train": "train"}[command]
     overrides = list(args.overrides)
     if getattr(args, "workers", None) is not None:
@@ -361,8 +441,10 @@ def _export_hf(args: argparse.Namespace) -> int:
     checkpoints = run / "train" / "checkpoints"
     if args.checkpoint == "latest":
         checkpoint = latest_checkpoint(checkpoints)
-    else:
-        checkpoint = checkpoints / f"step_{int(args.checkpoint):07d}" if args.checkpoint.isdigit() else None
+    elif args.checkpoint.isdigit():
+        checkpoint = checkpoints / f"step_{int(args.checkpoint):07d}"
+    else:  # a checkpoint directory, e.g. one written by `smelt checkpoint average`
+        checkpoint = Path(args.checkpoint)
     if checkpoint is None or not (checkpoint / "COMMITTED").is_file():
         raise UserError(
             f"no committed checkpoint {args.checkpoint!r} under {checkpoints}. Train the run first "
@@ -426,15 +508,17 @@ def _config_for_run(run: str, overrides: list[str]) -> Config:
     return load_config(path, overrides)
 
 
-def _eval_checkpoint(cfg: Config, checkpoint: str) -> int:
-    from smelt.eval.heldout import evaluate_run
+def _eval_checkpoint(cfg: Config, checkpoint: str, tasks: str | None, limit: int | None) -> int:
+    from smelt.eval.run import evaluate_checkpoints
 
-    try:
-        int(checkpoint)
-    except ValueError as exc:
-        raise UserError(f"--checkpoint {checkpoint!r} must be `latest` or a step number.") from exc
-    result = evaluate_run(cfg, cfg.run_dir, cfg.run_dir / "eval", checkpoint=checkpoint)
-    _print_table(_eval_rows(result))
+    if limit is not None and limit < 0:
+        raise UserError(f"--limit {limit} must be 0 (every item) or a positive number of items per task.")
+    names = None if tasks is None else [t.strip() for t in tasks.split(",") if t.strip()]
+    results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, names, limit)
+    for result in results:
+        _print_table(_eval_rows(result))
+        print()
+    print(f"written: {cfg.run_dir / 'eval'} (step files, curves.jsonl, gallery.json)")
     return 0
 
 
@@ -448,6 +532,9 @@ def _run_all(cfg: Config, force: bool, stages: tuple[str, ...]) -> int:
 
     write_json(cfg.run_dir / "summary.json", summary)
     print_summary(summary)
+    from smelt.report.single import write_run_report
+
+    print(f"  {'report':<10} {write_run_report(cfg.run_dir)}")
     return 0
 
 
@@ -549,6 +636,19 @@ def _eval_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                 f"{source}: loss / bits-per-byte",
                 f"{figures['loss']:.4f} / {figures['bits_per_byte']:.4f} "
                 f"(gzip {figures['gzip_bits_per_byte']:.4f}, xz {figures['xz_bits_per_byte']:.4f})",
+            )
+        )
+    for name, task in result.get("tasks", {}).items():
+        spread = f" ± {task['stderr']:.3f}" if task.get("stderr") is not None else ""
+        chance = f", chance {task['chance']:.3f}" if "chance" in task else ""
+        overlap = task.get("contamination")
+        dirty = f"; contaminated items {overlap['items_matched']}/{overlap['items']}" if overlap else ""
+        skipped = f", {task['skipped']} longer than the context skipped" if task.get("skipped") else ""
+        rows.append(
+            (
+                f"{name}: {task['metric']}",
+                f"{'-' if task['score'] is None else format(task['score'], '.4f')}{spread} "
+                f"({task['items']} items{skipped}, {task['shots']}-shot{chance}{dirty})",
             )
         )
     return rows

@@ -464,6 +464,11 @@ class TrainConfig:
     monitor_every: int = _opt(
         0, range=(0, 10**9), help="steps between per-layer update/weight ratios and norms (0: off)"
     )
+    tensorboard: bool = _opt(False, help="also write metrics to TensorBoard under RUN/train/tensorboard")
+    wandb_project: str = _opt("", help="also log metrics to this W&B project (empty: off)")
+    wandb_mode: str = _opt(
+        "offline", choices=("offline", "online"), help="offline: sync later with `wandb sync`"
+    )
     watchdog_s: float = _opt(
         0.0, range=(0.0, 1e7),
         help="end the run (exit 124, every thread's stack in RUN/train/watchdog.log) when no step, eval or "
@@ -488,6 +493,20 @@ class EvalConfig:
     max_new_tokens: int = _opt(48, range=(1, 10**6))
     temperature: float = _opt(0.8, range=(0.0, 100.0), help="0: greedy")
     top_k: int = _opt(40, range=(0, 10**7), help="0: no top-k cut")
+    tasks: list[str] = _opt(
+        ["arc_easy", "hellaswag", "copa", "winogrande", "lambada"],
+        help="benchmark tasks scored at each checkpoint (see docs/evaluation.md; [] : held-out loss only)",
+    )
+    tasks_dir: str = _opt("", help="benchmark files (empty: $SMELT_SHARED_DATA/eval or ../shared/data/eval)")
+    limit: int = _opt(60, range=(0, 10**9), help="items per task, a fixed seeded subset (0: all)")
+    shots: int = _opt(-1, range=(-1, 100), help="few-shot examples per prompt (-1: each task's default)")
+    overlong: str = _opt(
+        "skip", choices=("error", "skip"), help="an item longer than the context: skip and count it, or stop"
+    )
+    gallery_tokens: int = _opt(48, range=(0, 10**6), help="greedy tokens per gallery prompt (0: no gallery)")
+    every_steps: int = _opt(0, range=(0, 10**9), help="in-loop task evaluation every N steps (0: off)")
+    inloop_items: int = _opt(100, range=(1, 10**9), help="items per task scored in the loop")
+    inloop_tasks: list[str] = _opt([], help="tasks scored in the loop (empty: `tasks` minus generative ones)")
 
 
 @dataclass

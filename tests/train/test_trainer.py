@@ -275,16 +275,22 @@ def test_resume_across_a_stage_boundary_replays_nothing(data, tmp_path):
     assert [r["stage"] for r in lines if r.get("event") == "stage"] == ["focus"]
 
 
-def test_resume_auto_without_checkpoint_starts_fresh_and_a_finished_run_is_an_error(data, tmp_path):
+def test_resume_auto_without_checkpoint_starts_fresh_and_a_finished_run_only_finishes(data, tmp_path):
     tokens, tokenizer = data
     cfg = tiny_config(tokens=256 * 2, eval_every=0)
     first = train(cfg, tokens, tokenizer, tmp_path / "run", resume="auto")
     assert first["resumed_from_step"] is None
+    # Killed after the final checkpoint, before the stage was recorded: auto finishes without training.
+    again = train(cfg, tokens, tokenizer, tmp_path / "run", resume="auto")
+    assert again["resumed_from_step"] == 2 and again["final_train_loss"] == first["final_train_loss"]
+    assert again["final_val_loss"] == first["final_val_loss"]
     with pytest.raises(
         UserError,
         match=r"is at step 2, the end of this run \(2 steps\).*without resume or into another directory",
     ):
-        train(cfg, tokens, tokenizer, tmp_path / "run", resume="auto")
+        train(
+            cfg, tokens, tokenizer, tmp_path / "run", resume=tmp_path / "run" / "checkpoints" / "step_0000002"
+        )
     with pytest.raises(UserError, match="no such checkpoint directory"):
         train(cfg, tokens, tokenizer, tmp_path / "run", resume=tmp_path / "nowhere")
 

@@ -10,7 +10,6 @@ count comes from the documents themselves, and gzip and xz compress exactly thos
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,8 @@ from smelt.config import Config
 from smelt.documents import read_texts
 from smelt.errors import UserError
 from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
-from smelt.manifest import combined_hash, write_json
 from smelt.model.transformer import doc_ids_from_tokens, position_ids_from_doc_ids
 from smelt.progress import progress
-
-TASK_SET_VERSION = "heldout-v1"
 
 
 @torch.no_grad()
@@ -170,54 +166,11 @@ def samples(
 
 
 def evaluate_run(cfg: Config, run_dir: Path, out_dir: Path, checkpoint: str = "latest") -> dict[str, Any]:
-    """Evaluate one checkpoint of a run; write out_dir/step_NNNNNNN.json and return its figures."""
-    from smelt.checkpoint import latest_checkpoint, load_model
-    from smelt.tokenizer.load import Tokenizer
+    """Evaluate one checkpoint of a run (held-out figures, tasks, samples, gallery); write
+    out_dir/step_NNNNNNN.json and return its figures. The pipeline's eval stage calls this."""
+    from smelt.eval.run import evaluate_checkpoint, resolve_checkpoints
 
-    started = time.time()
-    checkpoints = run_dir / "train" / "checkpoints"
-    if checkpoint == "latest":
-        path = latest_checkpoint(checkpoints)
-        if path is None:
-            raise UserError(f"no committed checkpoint under {checkpoints}. Run `smelt train CONFIG` first.")
-    else:
-        path = checkpoints / f"step_{int(checkpoint):07d}"
-        if not (path / "COMMITTED").is_file():
-            raise UserError(
-                f"checkpoint {path} does not exist or is incomplete. Pick a step listed in "
-                f"{checkpoints}, or `latest`."
-            )
-    model, meta = load_model(path, device="cpu")
-    tokenizer = Tokenizer.load(run_dir / "tokenizer")
-    heldout = heldout_bits_per_byte(
-        model,
-        run_dir / "tokens",
-        run_dir / "documents",
-        tokenizer.eos_id,
-        cfg.train.seq_len,
-        cfg.eval.batch_size,
-        cfg.eval.max_bytes,
-        doc_masking=cfg.train.doc_masking,
-    )
-    gallery = samples(
-        model,
-        tokenizer,
-        cfg.eval.prompts,
-        cfg.eval.max_new_tokens,
-        cfg.eval.temperature,
-        cfg.eval.top_k,
-        cfg.run.seed,
-    )
-    step = int(meta["step"])
-    result = {
-        "step": step,
-        "tokens_seen": meta.get("tokens"),
-        "checkpoint": str(path),
-        "checkpoint_hash": combined_hash(meta.get("checksums", {})),
-        "task_set_version": TASK_SET_VERSION,
-        "heldout": heldout,
-        "samples": gallery,
-    }
-    # The file holds only what the checkpoint determines, so re-scoring it rewrites identical bytes.
-    write_json(out_dir / f"step_{step:07d}.json", result)
-    return {**result, "wall_time_s": round(time.time() - started, 3)}
+    if checkpoint == "all":
+        raise ValueError("evaluate_run scores one checkpoint; use smelt.eval.run.evaluate_checkpoints")
+    (path,) = resolve_checkpoints(run_dir, checkpoint)
+    return evaluate_checkpoint(cfg, run_dir, out_dir, path)

@@ -22,11 +22,17 @@ from smelt.train.precision import Precision
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl; each line is flushed so a crash loses nothing already logged."""
+    """Append-only metrics.jsonl; each line is flushed so a crash loses nothing already logged.
 
-    def __init__(self, path: Path, enabled: bool = True, append: bool = False) -> None:
+    `sinks` (TensorBoard, W&B: objects with log(record) and close()) see every record too.
+    """
+
+    def __init__(
+        self, path: Path, enabled: bool = True, append: bool = False, sinks: list | None = None
+    ) -> None:
         self.enabled = enabled
         self.file = None
+        self.sinks = list(sinks or []) if enabled else []
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.file = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
@@ -35,10 +41,14 @@ class MetricsLog:
         if self.file is not None:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
+        for sink in self.sinks:
+            sink.log(record)
 
     def close(self) -> None:
         if self.file is not None:
             self.file.close()
+        for sink in self.sinks:
+            sink.close()
 
 
 @torch.no_grad()

@@ -279,7 +279,10 @@ def _train(
     if resume_from is not None:
         ckpt_meta, rank_state = load_training_state(resume_from, model, optimizer, expected=identity)
         start_step = int(ckpt_meta["step"])
-        if start_step >= plan.steps:
+        # "auto" finding the final checkpoint: the process ended between that save and the end of the
+        # stage (a crash, a kill); finish the bookkeeping instead of training. A checkpoint named
+        # explicitly at the end is a request to continue a finished run, which cannot be done exactly.
+        if start_step >= plan.steps and str(resume) != "auto":
             raise UserError(
                 f"checkpoint {resume_from} is at step {start_step}, the end of this run ({plan.steps} steps): "
                 f"the run is complete. Train again without resume or into another directory (a longer run "
@@ -298,7 +301,11 @@ def _train(
         cfg.checkpoint.milestone_every_steps, cfg.checkpoint.milestone_every_tokens,
     )  # fmt: skip
 
-    metrics = MetricsLog(out_dir / "metrics.jsonl", enabled=ctx.is_main, append=resume_from is not None)
+    metrics = MetricsLog(
+        out_dir / "metrics.jsonl", enabled=ctx.is_main, append=resume_from is not None,
+        sinks=_sinks(cfg, out_dir) if ctx.is_main else None,
+    )  # fmt: skip
+    inloop = _inloop_eval(cfg, tokenizer_dir, device)
     start_tokens = start_step * plan.batch_tokens
     metrics.write({
         "kind": "event", "step": start_step, "tokens": start_tokens,
@@ -383,7 +390,7 @@ def _train(
     window_source_sums = torch.zeros((len(train_sources), 2), dtype=torch.float64)
     window_clipped = window_skipped = window_steps = 0
     window_time, window_wait, train_time, total_wait = 0.0, 0.0, 0.0, 0.0
-    last_log_loss = float("nan")
+    last_log_loss = _last_logged_loss(out_dir) if start_step >= plan.steps else float("nan")
     last_val: float | None = None
     final: Path | None = None
     skipped_total = rollbacks = 0
@@ -520,6 +527,11 @@ def _train(
                 window_clipped = window_skipped = window_steps = 0
             if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
                 last_val = run_eval(step)
+            if inloop is not None and inloop.due(step) and (sharded or ctx.is_main):
+                # FSDP gathers shards in every forward, so all ranks score; otherwise rank 0 alone.
+                scores = inloop(model, step)
+                metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, "inloop": True, **scores})
+                wrapped.train()
             if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint(step)
             watchdog.beat(step)
@@ -607,6 +619,45 @@ def _write_run_manifest(
             "launch": launch,
         }  # fmt: skip
     write_json(path, manifest)
+
+
+def _last_logged_loss(out_dir: Path) -> float:
+    """The train loss of the last record already in metrics.jsonl (a run resumed at its end)."""
+    loss = float("nan")
+    path = out_dir / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("kind") == "train" and record.get("loss") is not None:
+            loss = float(record["loss"])
+    return loss
+
+
+def _sinks(cfg: Config, out_dir: Path) -> list:
+    """TensorBoard and W&B writers the config asks for (rank 0 only)."""
+    from smelt.report.sinks import TensorBoardSink, WandbSink
+
+    sinks: list = []
+    if cfg.train.tensorboard:
+        sinks.append(TensorBoardSink(out_dir / "tensorboard"))
+    if cfg.train.wandb_project:
+        sinks.append(
+            WandbSink(
+                cfg.train.wandb_project, cfg.run.name, out_dir / "wandb", cfg.train.wandb_mode, cfg.to_dict()
+            )
+        )
+    return sinks
+
+
+def _inloop_eval(cfg: Config, tokenizer_dir: Path, device: torch.device) -> Any:
+    """Benchmark subsets scored during training when eval.every_steps is set (tasks read once, here)."""
+    if not cfg.eval.every_steps:
+        return None
+    from smelt.eval.inloop import InLoopEval
+
+    return InLoopEval(cfg, tokenizer_dir, device)
 
 
 def _by_source(sources: list[str], sums: torch.Tensor) -> dict[str, Any]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import csv
 import gzip
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from smelt.config import EvalSetConfig
 from smelt.errors import UserError
+from smelt.jsonl import json_objects
 
 OLMES_UNCONDITIONAL = 1_000_000
 FORMATS = ("mosaic", "olmes", "gsm8k", "mmlu_csv", "jsonl")
@@ -38,18 +38,8 @@ def _open_text(path: Path):
 
 def _jsonl(path: Path, key: str) -> Iterator[dict[str, Any]]:
     with _open_text(path) as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(
-                    f"{key}: {path} line {number} is not JSON ({exc.msg}). Point the path at the benchmark's "
-                    f"jsonl file or choose the matching `format`."
-                ) from None
-            if not isinstance(record, dict):
-                raise UserError(f"{key}: {path} line {number} is not a JSON object; check `format`.")
+        fix = "Point the path at the benchmark's jsonl file or choose the matching `format`."
+        for _, record in json_objects(handle, path, f"{key}:", fix):
             yield record
 
 

@@ -1,0 +1,164 @@
+"""Cross-check smelt's cloze scoring against lm-evaluation-harness on the same items and model.
+
+Usage: python bench/lm_eval_crosscheck.py RUN [--hf DIR] [--tasks arc_easy,copa] [--limit N]
+RUN must have been exported with `smelt export hf RUN` (or pass --hf). For each task the same seeded
+subset smelt scores (`--limit`) is written to a jsonl file, and lm_eval scores it through a task
+YAML that reads that local file (`dataset_path: json`) with the same prompt template, choices and
+target delimiter, running the exported model with transformers. smelt scores the items twice: as
+`smelt eval` does (every prompt after an EOS) and without that EOS, which is how lm_eval's HF model
+feeds a context (no BOS is added: the exported tokenizer_config says add_bos_token = false). The
+report gives both accuracies (raw and length-normalized), their differences in points, and the
+largest per-request log-likelihood difference. Writes bench/results/lm_eval_crosscheck.json.
+Without lm_eval installed (`pip install lm-eval`), the script says so and exits with status 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from common import write_result
+
+from smelt.eval.harness import prepare, score_pairs, score_prepared
+from smelt.eval.tasks import get_spec, load_task, resolve_tasks_dir
+
+CPU = torch.device("cpu")
+
+
+def lm_eval_available() -> str | None:
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError as exc:
+        return f"lm_eval cannot be imported ({exc})"
+    return None
+
+
+def task_yaml(name: str, data_file: Path, template: str) -> dict:
+    jinja = re.sub(r"\{(\w+)\}", r"{{\1}}", template)
+    return {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data_file)}},
+        "test_split": "test",
+        "output_type": "multiple_choice",
+        "doc_to_text": jinja,
+        "doc_to_choice": "{{choices}}",
+        "doc_to_target": "{{gold}}",
+        "target_delimiter": " ",
+        "metric_list": [
+            {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+            {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True},
+        ],
+    }
+
+
+def smelt_scores(model, tokenizer, task, batch_size: int) -> dict:
+    prep = prepare(task, tokenizer, model.cfg.max_seq_len, "skip")
+    with_eos = score_prepared(model, tokenizer, prep, batch_size, CPU)
+    # The same requests without the leading EOS, as lm_eval's HF model sees them.
+    bare = score_pairs(model, [(ctx[1:], cont) for ctx, cont in prep.pairs], batch_size, CPU)
+    per_item: dict[int, list[float]] = {}
+    chars: dict[int, list[int]] = {}
+    for (item, _), (logprob, _), n in zip(prep.owner, bare, prep.cont_chars, strict=True):
+        per_item.setdefault(item, []).append(logprob)
+        chars.setdefault(item, []).append(n - 1)  # lm_eval normalizes by the choice without its delimiter
+    golds = prep.golds
+    n = len(golds)
+    acc = sum(max(range(len(v)), key=v.__getitem__) == golds[i] for i, v in per_item.items()) / n
+    norm = [[lp / max(c, 1) for lp, c in zip(per_item[i], chars[i], strict=True)] for i in range(n)]
+    acc_norm = sum(max(range(len(v)), key=v.__getitem__) == golds[i] for i, v in enumerate(norm)) / n
+    return {
+        "items": n,
+        "acc_with_eos": with_eos["acc"],
+        "acc": acc,
+        "acc_norm": acc_norm,
+        "loglikelihoods": [per_item[i] for i in range(n)],
+    }
+
+
+def lm_eval_scores(hf_dir: Path, task, workdir: Path, batch_size: int) -> dict:
+    import yaml
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    name = f"smelt_xcheck_{task.spec.name}"
+    data = workdir / f"{name}.jsonl"
+    data.write_text(
+        "".join(json.dumps({k: r[k] for k in ("query", "choices", "gold")}) + "\n" for r in task.records)
+    )
+    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(task_yaml(name, data, task.spec.template)))
+    out = simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={hf_dir},dtype=float32",
+        tasks=[name],
+        task_manager=TaskManager(include_path=str(workdir)),
+        batch_size=batch_size,
+        device="cpu",
+        log_samples=True,
+    )
+    metrics = out["results"][name]
+    samples = sorted(out["samples"][name], key=lambda s: s["doc_id"])
+    lls = [[float(r[0][0]) for r in s["resps"]] for s in samples]
+    return {"acc": metrics["acc,none"], "acc_norm": metrics["acc_norm,none"], "loglikelihoods": lls}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run")
+    parser.add_argument("--hf", default=None, help="exported model (default: RUN/export/hf)")
+    parser.add_argument("--tasks", default="arc_easy,copa")
+    parser.add_argument("--limit", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=8)
+    args = parser.parse_args(argv)
+    run = Path(args.run)
+    hf_dir = Path(args.hf) if args.hf else run / "export" / "hf"
+    missing = lm_eval_available()
+    if missing:
+        message = (
+            f"{missing}: install it with `pip install lm-eval` (or the `eval-check` extra) to run the "
+            f"cross-check; nothing was compared."
+        )
+        print(message, file=sys.stderr)
+        write_result("lm_eval_crosscheck", {"status": "lm_eval not installed", "detail": message})
+        return 3
+    if not (hf_dir / "config.json").is_file():
+        print(f"no exported model at {hf_dir}: run `smelt export hf {run}` first.", file=sys.stderr)
+        return 2
+    from smelt.model.hf import import_hf
+    from smelt.tokenizer.load import Tokenizer
+
+    model = import_hf(hf_dir).eval()
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    tasks_dir = resolve_tasks_dir()
+    figures: dict[str, object] = {"model": str(hf_dir), "limit": args.limit}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.tasks.split(","):
+            spec = get_spec(name)
+            if spec.formulation != "cloze" or spec.reader != "mosaic":
+                raise SystemExit(f"{name}: the cross-check covers mosaic multiple-choice cloze tasks")
+            task = load_task(spec, tasks_dir, args.limit, 0)
+            ours = smelt_scores(model, tokenizer, task, args.batch_size)
+            theirs = lm_eval_scores(hf_dir, task, Path(tmp), args.batch_size)
+            diffs = [
+                abs(a - b)
+                for xs, ys in zip(ours["loglikelihoods"], theirs["loglikelihoods"], strict=True)
+                for a, b in zip(xs, ys, strict=True)
+            ]
+            figures[f"{name}_items"] = ours["items"]
+            for key in ("acc", "acc_norm"):
+                figures[f"{name}_{key}_smelt"] = round(ours[key], 4)
+                figures[f"{name}_{key}_lm_eval"] = round(theirs[key], 4)
+                figures[f"{name}_{key}_diff_points"] = round(100 * (ours[key] - theirs[key]), 2)
+            figures[f"{name}_acc_smelt_with_eos"] = round(ours["acc_with_eos"], 4)
+            figures[f"{name}_max_loglikelihood_diff"] = float(f"{max(diffs):.3e}")
+    write_result("lm_eval_crosscheck", figures)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

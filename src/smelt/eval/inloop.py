@@ -1,0 +1,54 @@
+"""Benchmark scores during training: a small fixed subset of each task, scored every eval.every_steps.
+
+Early in training only some formulations carry signal (cloze accuracy per character rises before
+multiple-choice letters leave chance), so the loop logs every metric of each task, not just one.
+The tasks are read and tokenized once, when the trainer starts. The call takes the plain module (not a
+DDP or torch.compile wrapper), switches it to eval mode under no_grad, and restores its mode. Under
+FSDP the parameters are sharded: call it on every rank with the FSDP-wrapped module (each forward
+gathers the shards collectively) and log the result from rank 0 only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from smelt.config import Config
+from smelt.eval.harness import Prepared, prepare, score_prepared
+from smelt.eval.tasks import get_spec, load_task, resolve_tasks_dir
+
+
+class InLoopEval:
+    """`InLoopEval(cfg, tokenizer_dir, device)(model, step)` -> {"task/metric": value}."""
+
+    def __init__(self, cfg: Config, tokenizer_dir: Path, device: torch.device) -> None:
+        from smelt.tokenizer.load import Tokenizer
+
+        e = cfg.eval
+        names = e.inloop_tasks or [n for n in e.tasks if get_spec(n).formulation != "generate"]
+        self.every = e.every_steps
+        self.batch_size = e.batch_size
+        self.device = device
+        self.tokenizer = Tokenizer.load(tokenizer_dir)
+        self.prepared: dict[str, Prepared] = {}
+        if not self.every or not names:
+            return
+        tasks_dir = resolve_tasks_dir(e.tasks_dir)
+        for name in names:
+            task = load_task(get_spec(name), tasks_dir, e.inloop_items, e.shots)
+            self.prepared[name] = prepare(task, self.tokenizer, cfg.model.max_seq_len, e.overlong)
+
+    def due(self, step: int) -> bool:
+        return bool(self.every and self.prepared and step % self.every == 0)
+
+    @torch.no_grad()
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
+        """Every numeric metric of every task, keyed "task/metric" (a flat dict for metrics.jsonl)."""
+        out: dict[str, float] = {}
+        for name, prep in self.prepared.items():
+            result = score_prepared(model, self.tokenizer, prep, self.batch_size, self.device)
+            for key in ("acc", "acc_per_char", "acc_per_token", "exact_match", "perplexity"):
+                if key in result:
+                    out[f"{name}/{key}"] = float(result[key])
+        return out

@@ -1,0 +1,241 @@
+"""Read a run directory's artifacts for the reports: metrics.jsonl, the manifests, eval results, galleries.
+
+Training figures come from metrics.jsonl alone (design.md section 1). The data, tokenizer and
+evaluation sections read the artifacts those stages write (stats.json, manifests, eval/*.json). Every
+input but metrics.jsonl is optional: a missing one leaves its section saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from smelt.errors import UserError
+
+STAGE_DIRS = ("documents", "tokenizer", "tokens", "train", "eval")
+_STEP_FILE = re.compile(r"step_(\d+)\.json$")
+
+
+@dataclass
+class Run:
+    path: Path
+    metrics_path: Path
+    records: list[dict[str, Any]]
+    config: dict[str, Any] | None = None
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # eval/step_*.json, by step
+    galleries: list[tuple[str, Any]] = field(default_factory=list)  # (file name, content)
+    summary: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)  # what was skipped while reading, shown in the report
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("kind") == kind]
+
+    def events(self, *names: str) -> list[dict[str, Any]]:
+        return [
+            r for r in self.records if r.get("kind") == "event" and (not names or r.get("event") in names)
+        ]
+
+    def start(self) -> dict[str, Any]:
+        """The last start or resume event (a resumed run restates the plan and model figures)."""
+        starts = self.events("start", "resume")
+        return starts[-1] if starts else {}
+
+    def flops_per_token(self) -> float | None:
+        value = self.start().get("flops_per_token")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def json_file(self, *parts: str) -> dict[str, Any] | None:
+        return _read_json(self.path.joinpath(*parts), self.notes)
+
+
+def _read_json(path: Path, notes: list[str]) -> Any:
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        notes.append(f"{path}: unreadable ({exc}); its section is left out")
+        return None
+
+
+def find_metrics(run_dir: Path) -> Path:
+    """RUN/train/metrics.jsonl of a pipeline run, or RUN/metrics.jsonl of a bare trainer output."""
+    for candidate in (run_dir / "train" / "metrics.jsonl", run_dir / "metrics.jsonl"):
+        if candidate.is_file():
+            return candidate
+    raise UserError(
+        f"{run_dir} has no metrics.jsonl (looked for {run_dir / 'train' / 'metrics.jsonl'} and "
+        f"{run_dir / 'metrics.jsonl'}). Train the run first (`smelt run CONFIG` or `smelt train CONFIG`), "
+        f"or pass the run directory that holds train/metrics.jsonl, e.g. runs/quickstart."
+    )
+
+
+def read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl. A torn last line (a crash while writing) is skipped with a note;
+    a malformed line before it means the file was edited or corrupted, which is an error."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                notes.append(f"{path}:{number}: torn last line skipped (the run stopped while writing it)")
+                continue
+            raise UserError(
+                f"{path}:{number} is not a JSON object ({exc.msg}). metrics.jsonl holds one JSON object per "
+                f"line as the trainer writes it; restore the file or delete the broken line."
+            ) from exc
+        if not isinstance(record, dict) or "kind" not in record:
+            raise UserError(
+                f"{path}:{number} is not a metrics record (a JSON object with a 'kind'). Restore the file "
+                f"or delete the line."
+            )
+        records.append(record)
+    return records
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Everything the reports read from one run directory; UserError when it is not a trained run."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise UserError(
+            f"run directory {path} does not exist. Pass a directory written by `smelt run` or "
+            f"`smelt quickstart`, e.g. runs/quickstart."
+        )
+    metrics_path = find_metrics(path)
+    notes: list[str] = []
+    run = Run(path=path, metrics_path=metrics_path, records=read_metrics(metrics_path, notes), notes=notes)
+    run.config = run.json_file("config.json")
+    run.summary = run.json_file("summary.json")
+    for stage in STAGE_DIRS:
+        manifest = run.json_file(stage, "manifest.json")
+        if manifest is not None:
+            run.manifests[stage] = manifest
+    eval_dir = path / "eval"
+    if eval_dir.is_dir():
+        for file in sorted(eval_dir.glob("step_*.json")):
+            match = _STEP_FILE.search(file.name)
+            content = _read_json(file, notes)
+            if match and isinstance(content, dict):
+                content.setdefault("step", int(match.group(1)))
+                content["_file"] = file.name
+                run.evals.append(content)
+        run.evals.sort(key=lambda e: int(e.get("step") or 0))
+        for file in sorted(eval_dir.glob("gallery*.json")):
+            content = _read_json(file, notes)
+            if content is not None:
+                run.galleries.append((file.name, content))
+    return run
+
+
+def finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# Task fields that describe the evaluation rather than score it (counts, settings, references).
+NOT_SCORES = {"n", "items", "examples", "count", "step", "tokens", "shots", "skipped", "stderr", "chance"}
+
+
+def task_entries(result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(task name, its figures) from {"tasks": {name: {...} | value}} or {"tasks": [{"task"|"name": ...}]}."""
+    tasks = result.get("tasks")
+    if isinstance(tasks, dict):
+        return [(str(k), v) for k, v in tasks.items()]
+    if isinstance(tasks, list):
+        return [
+            (str(t.get("task") or t.get("name") or i), t) for i, t in enumerate(tasks) if isinstance(t, dict)
+        ]
+    return []
+
+
+def task_scores(result: dict[str, Any]) -> dict[str, float]:
+    """Per-task scores of one eval result (eval/step_*.json) or eval record, as {"task/metric": value}.
+
+    Reads the harness's layout ({"tasks": {name: {"acc": ..., "score": ..., "metric": "acc", ...}}}),
+    a bare {"tasks": {name: value}}, and in-loop records that log flat "task/metric" keys. "score"
+    is left out when it repeats the metric the task names.
+    """
+    scores: dict[str, float] = {}
+    for name, value in task_entries(result):
+        if finite(value):
+            scores[name] = float(value)
+        elif isinstance(value, dict):
+            repeats = isinstance(value.get("metric"), str) and value["metric"] in value
+            for metric, figure in value.items():
+                if finite(figure) and metric not in NOT_SCORES and not (metric == "score" and repeats):
+                    scores[f"{name}/{metric}"] = float(figure)
+    if result.get("kind") == "eval":
+        for key, value in result.items():
+            if "/" in key and finite(value):
+                scores.setdefault(key, float(value))
+    return scores
+
+
+def task_references(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per task, its chance level and the standard error of its score, where the harness gives them."""
+    out: dict[str, dict[str, float]] = {}
+    for name, value in task_entries(result):
+        if isinstance(value, dict):
+            refs = {k: float(value[k]) for k in ("chance", "stderr") if finite(value.get(k))}
+            if refs:
+                out[name] = refs
+    return out
+
+
+def final_metrics(run: Run) -> dict[str, float]:
+    """The run's end figures by name (the comparison table and `smelt decide` read these)."""
+    out: dict[str, float] = {}
+    train = [r for r in run.kind("train") if finite(r.get("loss"))]
+    if train:
+        last = train[-1]
+        out["final_train_loss"] = float(last["loss"])
+        out["tokens"] = float(last.get("tokens") or 0)
+        speeds = [r["tokens_per_s"] for r in train if finite(r.get("tokens_per_s"))]
+        if speeds:
+            out["tokens_per_s"] = float(sorted(speeds)[len(speeds) // 2])  # median: step 1 includes compile
+        mfus = [r["mfu"] for r in train if finite(r.get("mfu"))]
+        if mfus:
+            out["mfu"] = float(sorted(mfus)[len(mfus) // 2])
+    evals = [r for r in run.kind("eval") if finite(r.get("val_loss"))]
+    if evals:
+        out["final_val_loss"] = float(evals[-1]["val_loss"])
+        for source, value in (evals[-1].get("val_loss_by_source") or {}).items():
+            if finite(value):
+                out[f"val_loss/{source}"] = float(value)
+    fpt = run.flops_per_token()
+    if fpt and "tokens" in out:
+        out["flops"] = fpt * out["tokens"]
+    end = run.events("end")
+    if end and finite(end[-1].get("wall_time_s")):
+        out["train_wall_time_s"] = float(end[-1]["wall_time_s"])
+    if run.evals:
+        last_eval = run.evals[-1]
+        overall = (last_eval.get("heldout") or {}).get("overall") or {}
+        for key in ("bits_per_byte", "loss"):
+            if finite(overall.get(key)):
+                out[f"heldout_{key}"] = float(overall[key])
+        for name, value in task_scores(last_eval).items():
+            out[f"task/{name}"] = value
+    return out
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys (lists stay whole): the unit of a config diff."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}

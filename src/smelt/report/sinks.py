@@ -1,0 +1,156 @@
+"""Live metric sinks: the trainer hands each metrics.jsonl record to TensorBoard or Weights & Biases too.
+
+metrics.jsonl stays the record of a run (the reports are made from it); a sink is a view for people
+who already watch their runs in those tools. Each sink has `log(record)` and `close()`. The x axis is
+tokens seen, the axis smelt compares runs on: TensorBoard's step is the token count, and W&B plots
+every metric against a `tokens` metric. Both are optional extras: `pip install 'smelt[tensorboard]'`,
+`pip install 'smelt[wandb]'`. `export_tensorboard` turns a finished run's metrics.jsonl into event files.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from smelt.errors import UserError
+from smelt.report.run import finite, task_scores
+
+# Fields of a train record that are bookkeeping, not curves.
+_NOT_SCALARS = {"kind", "step", "tokens", "stage", "event"}
+
+
+class _EventCounts:
+    """Cumulative counts of notable events, so alerts, skips and rollbacks show as curves too."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, record: dict[str, Any]) -> list[tuple[str, float]]:
+        event = str(record.get("event"))
+        if event in ("checkpoint", "mixture", "data_plan", "start", "end", "note", "warning"):
+            return []
+        name = f"{event}_{record['alert']}" if event == "alert" and record.get("alert") else event
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return [(f"events/{name}", float(self.counts[name]))]
+
+
+def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """The (tag, value) curves one metrics record contributes; events are counted by the sinks."""
+    kind = record.get("kind")
+    out: list[tuple[str, float]] = []
+    if kind == "train":
+        for key, value in record.items():
+            if key in _NOT_SCALARS:
+                continue
+            if isinstance(value, bool) or finite(value):
+                out.append((f"train/{key}", float(value)))
+        for source, value in (record.get("loss_by_source") or {}).items():
+            if finite(value):
+                out.append((f"train/loss/{source}", float(value)))
+        out.append(("train/step", float(record.get("step") or 0)))
+    elif kind == "eval":
+        for key, value in record.items():
+            if key not in _NOT_SCALARS and finite(value):
+                out.append((f"eval/{key}", float(value)))
+        for source, value in (record.get("val_loss_by_source") or {}).items():
+            if finite(value):
+                out.append((f"eval/val_loss/{source}", float(value)))
+        out += [(f"eval/task/{name}", value) for name, value in task_scores(record).items()]
+    elif kind == "layers":
+        ratios = [
+            v["update_ratio"] for v in (record.get("layers") or {}).values() if finite(v.get("update_ratio"))
+        ]
+        if ratios:
+            out += [
+                ("layers/update_ratio_max", max(ratios)),
+                ("layers/update_ratio_median", statistics.median(ratios)),
+            ]
+    elif kind == "event" and record.get("event") == "mixture":
+        for source, value in (record.get("realized") or {}).items():
+            if finite(value):
+                out.append((f"mixture/realized/{source}", float(value)))
+    return out
+
+
+def _missing(extra: str, package: str) -> UserError:
+    return UserError(
+        f"the {package} package is not installed, and this needs it. Install the optional extra: "
+        f"pip install 'smelt[{extra}]'"
+    )
+
+
+class TensorBoardSink:
+    """Writes each record's scalars (and events as text) to TensorBoard event files under `logdir`."""
+
+    def __init__(self, logdir: str | Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:
+            raise _missing("tensorboard", "tensorboard") from exc
+        self.logdir = Path(logdir)
+        self.writer = SummaryWriter(log_dir=str(self.logdir))
+        self.events = _EventCounts()
+
+    def log(self, record: dict[str, Any]) -> None:
+        step = int(record.get("tokens") or 0)
+        for tag, value in scalars(record):
+            self.writer.add_scalar(tag, value, step)
+        if record.get("kind") == "event":
+            from smelt.report.train_sections import describe
+
+            for tag, value in self.events.add(record):
+                self.writer.add_scalar(tag, value, step)
+            if record.get("event") not in ("mixture", "checkpoint"):
+                self.writer.add_text("events", f"step {record.get('step')}: {describe(record)}", step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbSink:
+    """Logs each record's scalars to a Weights & Biases run (offline by default: nothing leaves the machine
+    until `wandb sync`), plotted against tokens."""
+
+    def __init__(
+        self,
+        project: str,
+        run_name: str,
+        dir: str | Path,
+        mode: str = "offline",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        try:
+            import wandb
+        except ImportError as exc:
+            raise _missing("wandb", "wandb") from exc
+        Path(dir).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=project, name=run_name, dir=str(dir), mode=mode, config=config or {})
+        self.run.define_metric("tokens")
+        self.run.define_metric("*", step_metric="tokens")
+        self.events = _EventCounts()
+
+    def log(self, record: dict[str, Any]) -> None:
+        data = dict(scalars(record))
+        if record.get("kind") == "event":
+            data.update(self.events.add(record))
+        if data:
+            data["tokens"] = float(record.get("tokens") or 0)
+            self.run.log(data)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def export_tensorboard(run_dir: str | Path, logdir: str | Path) -> tuple[Path, int]:
+    """Write a run's metrics.jsonl as TensorBoard event files under `logdir`; (logdir, records written)."""
+    from smelt.report.run import load_run
+
+    run = load_run(run_dir)
+    sink = TensorBoardSink(logdir)
+    try:
+        for record in run.records:
+            sink.log(record)
+    finally:
+        sink.close()
+    return Path(logdir), len(run.records)

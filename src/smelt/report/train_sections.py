@@ -1,0 +1,269 @@
+"""Report sections drawn from metrics.jsonl alone: loss, learning rate, gradients, speed, events."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from smelt.report.page import missing, note, row, table
+from smelt.report.run import Run, finite
+from smelt.report.svg import EVENT_COLORS, Chart, Marker, Series, chart_svg, timeline_svg
+
+# Events that change how a curve should be read; they are drawn on the loss plot and the timeline.
+NOTABLE = ("alert", "skip", "rollback", "resume", "stage", "overflow")
+# Events kept in the timeline table but not drawn (routine, or one line each already in other sections).
+ROUTINE = ("checkpoint", "mixture", "data_plan", "start")
+MAX_MARKERS = 60
+SMALL = {"width": 440, "height": 230}  # charts shown two to a row
+_SKIP_KEYS = {"kind", "step", "tokens", "event"}
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line for an event: its message when it has one, else its fields."""
+    event = record.get("event", "?")
+    if record.get("message"):
+        return f"{event}: {record['message']}"
+    if event == "stage":
+        weights = ", ".join(f"{k} {v:.3g}" for k, v in (record.get("weights") or {}).items())
+        return f"stage {record.get('stage')!r} from step {record.get('first_step')} ({weights})"
+    if event == "rollback":
+        return f"rollback to step {record.get('to_step')}; steps {record.get('skipped_steps')} skipped"
+    if event == "mixture":
+        return f"mixture window from step {record.get('first_step')}: max drift {record.get('max_drift')}"
+    if event == "data_plan":
+        return f"data plan: {record.get('steps')} steps, sources {', '.join(record.get('sources', {}))}"
+    fields = []
+    for key, value in record.items():
+        if key in _SKIP_KEYS or isinstance(value, (dict, list)):
+            continue
+        fields.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
+    return f"{event}: " + ", ".join(fields[:8])
+
+
+def _markers(run: Run) -> list[Marker]:
+    notable = [
+        r for r in run.events(*NOTABLE) if not (r.get("event") == "stage" and int(r.get("step") or 0) == 0)
+    ]
+    markers = [
+        Marker(
+            float(r.get("tokens") or 0),
+            str(r.get("alert") or r.get("event"))[:10],
+            f"step {r.get('step')}: {describe(r)}",
+            EVENT_COLORS.get(str(r.get("event")), "#999999"),
+        )
+        for r in notable[:MAX_MARKERS]
+    ]
+    return markers
+
+
+def _xy(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float | None]]:
+    xs = [float(r.get("tokens") or 0) for r in records]
+    return xs, [r.get(key) if finite(r.get(key)) else None for r in records]
+
+
+def loss_section(run: Run) -> str:
+    train = run.kind("train")
+    evals = [r for r in run.kind("eval") if finite(r.get("val_loss"))]
+    if not train and not evals:
+        return missing(f"{run.metrics_path} holds no train or eval records yet.")
+    series = []
+    if train:
+        series.append(Series("train loss (mean over the log window)", *_xy(train, "loss")))
+        for source in sorted({s for r in train for s in (r.get("loss_by_source") or {})}):
+            xs = [float(r.get("tokens") or 0) for r in train]
+            ys = [(r.get("loss_by_source") or {}).get(source) for r in train]
+            series.append(Series(f"train {source}", xs, ys, dash="1 2"))
+    if evals:
+        series.append(Series("validation loss", *_xy(evals, "val_loss"), dots=True))
+        sources = sorted({s for r in evals for s in (r.get("val_loss_by_source") or {})})
+        for source in sources:
+            xs = [float(r.get("tokens") or 0) for r in evals]
+            ys = [(r.get("val_loss_by_source") or {}).get(source) for r in evals]
+            series.append(Series(f"val {source}", xs, ys, dash="4 3", dots=True))
+    markers = _markers(run)
+    parts = [
+        chart_svg(
+            Chart("loss against tokens (dashed lines mark events)", "tokens", "loss", series, markers=markers)
+        )
+    ]
+    if len(run.events(*NOTABLE)) > MAX_MARKERS:
+        parts.append(
+            note(f"the first {MAX_MARKERS} events are marked; the timeline below lists all of them.")
+        )
+    parts.append(
+        note(
+            "The train loss is the mean over each logging window of train.log_every steps; with several "
+            "sources, dotted lines are each source's token-mean train loss over the window and dashed lines "
+            "its validation loss."
+        )
+    )
+    return "\n".join(parts)
+
+
+def lr_section(run: Run) -> str:
+    train = run.kind("train")
+    if not any(finite(r.get("lr")) for r in train):
+        return missing("no learning rate in the train records.")
+    start = run.start()
+    text = chart_svg(
+        Chart(
+            "learning rate",
+            "tokens",
+            "lr",
+            [Series("lr", *_xy(train, "lr"))],
+            markers=_markers(run),
+            y_zero=True,
+        )
+    )
+    details = f"schedule {start.get('schedule', '?')}, warmup {start.get('warmup_steps', '?')} steps"
+    return text + note(details)
+
+
+def gradients_section(run: Run) -> str:
+    train = run.kind("train")
+    if not any(finite(r.get("grad_norm")) for r in train):
+        return missing("no gradient norms in the train records.")
+    norms = Chart(
+        "gradient norm before clipping (at the logged step)",
+        "tokens",
+        "grad norm",
+        [
+            Series("grad norm", *_xy(train, "grad_norm")),
+            Series("after clipping", *_xy(train, "grad_norm_clipped"), dash="4 3"),
+        ],
+        markers=_markers(run),
+        log_y=True,
+    )
+    clip = Chart(
+        "share of steps clipped per log window",
+        "tokens",
+        "clip fraction",
+        [Series("clip fraction", *_xy(train, "clip_fraction"))],
+        y_zero=True,
+        **SMALL,
+    )
+    small = [chart_svg(clip)]
+    layers = run.kind("layers")
+    if layers:
+        xs = [float(r.get("tokens") or 0) for r in layers]
+        quantiles: dict[str, list[float | None]] = {"max": [], "median": [], "min": []}
+        for r in layers:
+            ratios = sorted(
+                v["update_ratio"]
+                for v in (r.get("layers") or {}).values()
+                if finite(v.get("update_ratio")) and v["update_ratio"] > 0
+            )
+            quantiles["max"].append(ratios[-1] if ratios else None)
+            quantiles["median"].append(statistics.median(ratios) if ratios else None)
+            quantiles["min"].append(ratios[0] if ratios else None)
+        chart = Chart(
+            "update ratio ||dW|| / ||W|| (healthy near 1e-3)",
+            "tokens",
+            "update ratio",
+            [Series(k, xs, v, dots=len(xs) < 30) for k, v in quantiles.items()],
+            log_y=True,
+            **SMALL,
+        )
+        small.append(chart_svg(chart))
+    else:
+        small.append(note("no per-layer update ratios logged (train.monitor_every = 0)."))
+    return chart_svg(norms) + "\n" + row(*small)
+
+
+def throughput_section(run: Run) -> str:
+    train = [r for r in run.kind("train") if finite(r.get("tokens_per_s"))]
+    if not train:
+        return missing("no throughput in the train records.")
+    xs = [float(r.get("tokens") or 0) for r in train]
+    charts = [
+        chart_svg(
+            Chart(
+                "throughput",
+                "tokens",
+                "tokens/s",
+                [Series("tokens/s", *_xy(train, "tokens_per_s"))],
+                y_zero=True,
+                **SMALL,
+            )
+        )
+    ]
+    if any(finite(r.get("mfu")) for r in train):
+        mfu = [100 * r["mfu"] if finite(r.get("mfu")) else None for r in train]
+        charts.append(
+            chart_svg(
+                Chart(
+                    "model FLOPs utilization",
+                    "tokens",
+                    "MFU %",
+                    [Series("MFU %", xs, mfu)],
+                    y_zero=True,
+                    **SMALL,
+                )
+            )
+        )
+    else:
+        charts.append(note("no MFU: the device's peak FLOP/s is unknown to smelt."))
+    if any(finite(r.get("loader_wait_share")) for r in train):
+        share = [100 * r["loader_wait_share"] if finite(r.get("loader_wait_share")) else None for r in train]
+        charts.append(
+            chart_svg(
+                Chart(
+                    "share of step time waiting for data",
+                    "tokens",
+                    "%",
+                    [Series("loader wait %", xs, share)],
+                    y_zero=True,
+                    **SMALL,
+                )
+            )
+        )
+    if any(finite(r.get("memory_mb")) for r in train):
+        memory = [r.get("memory_mb") if finite(r.get("memory_mb")) else None for r in train]
+        charts.append(
+            chart_svg(
+                Chart("peak memory", "tokens", "MB", [Series("memory MB", xs, memory)], y_zero=True, **SMALL)
+            )
+        )
+    start = run.start()
+    text = note(
+        f"device {start.get('device', '?')}, precision {start.get('precision', '?')}, world size "
+        f"{start.get('world_size', '?')}, {start.get('flops_per_token', 0) or 0:.4g} FLOPs per token; the first "
+        f"logged window includes start-up and compilation. Memory is peak accelerator memory on CUDA, else "
+        f"the process's peak RSS."
+    )
+    return row(*charts) + text
+
+
+def events_section(run: Run) -> str:
+    events = run.events()
+    if not events:
+        return missing("metrics.jsonl holds no events.")
+    end = max((float(r.get("tokens") or 0) for r in run.records), default=0.0)
+    lanes: dict[str, list[tuple[float, str]]] = {}
+    for r in events:
+        kind = str(r.get("event"))
+        if kind in ("start", "data_plan", "end", "mixture"):
+            continue
+        lanes.setdefault(kind, []).append(
+            (float(r.get("tokens") or 0), f"step {r.get('step')}: {describe(r)}")
+        )
+    parts = []
+    if lanes:
+        parts.append(timeline_svg("events against tokens (hover for details)", lanes, end))
+    counts = {}
+    for r in events:
+        counts[r.get("event")] = counts.get(r.get("event"), 0) + 1
+    parts.append(
+        note("events: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))))
+    )
+    shown = [r for r in events if r.get("event") not in ("mixture",)]
+    rows = [[r.get("step"), r.get("tokens"), r.get("event"), describe(r)] for r in shown[:400]]
+    parts.append(table(["step", "tokens", "event", "details"], rows))
+    if len(shown) > 400:
+        parts.append(note(f"{len(shown) - 400} more events in {run.metrics_path}."))
+    return "\n".join(parts)
+
+
+def fmt_pct(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"

@@ -1,0 +1,262 @@
+"""`smelt train CONFIG --max-restarts N`: relaunch a crashed training run from its latest checkpoint.
+
+The supervisor runs the training command as a child process. When the child dies (a crash, an
+out-of-memory kill, the watchdog), it waits an exponential backoff and launches the same command
+again; the train stage resumes an interrupted run from the latest committed checkpoint on its own.
+Bad input (exit code 2) is not retried: the same config fails the same way. After N restarts it
+gives up with a summary and exit code 1.
+
+Every launch and exit goes to RUN/restarts.jsonl (the child owns RUN/train/metrics.jsonl). The
+child sees SMELT_ATTEMPT=1, 2, ... in its environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from smelt.checkpoint.store import latest_checkpoint, read_meta
+from smelt.errors import UserError
+from smelt.train.watchdog import WATCHDOG_EXIT_CODE
+
+RESTARTS_LOG = "restarts.jsonl"
+DEFAULT_BACKOFF_S = 5.0
+MAX_BACKOFF_S = 300.0
+BAD_INPUT_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130
+
+
+def backoff_s(restart: int, base_s: float, cap_s: float = MAX_BACKOFF_S) -> float:
+    """Seconds to wait before restart number `restart` (1-based): base, 2 base, 4 base, ... capped."""
+    return min(cap_s, base_s * 2 ** (restart - 1)) if base_s > 0 else 0.0
+
+
+def describe_exit(code: int) -> str:
+    """A few words on why a child ended, from its exit code."""
+    if code == 0:
+        return "finished"
+    if code == 1:
+        return "failed (the traceback above says where)"
+    if code == BAD_INPUT_EXIT_CODE:
+        return "bad input (the message above names the key or file)"
+    if code == WATCHDOG_EXIT_CODE:
+        return "stopped by the watchdog (no progress; stacks in the log)"
+    if code == INTERRUPTED_EXIT_CODE:
+        return "interrupted"
+    number = -code if code < 0 else code - 128 if 128 < code < 160 else None
+    if number is not None:
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            name = f"signal {number}"
+        hint = " (often the out-of-memory killer)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+@dataclass
+class Outcome:
+    """What supervise() did: one exit code per launch, and the checkpoint step it ended at."""
+
+    exit_code: int
+    exit_codes: list[int] = field(default_factory=list)
+    last_step: int | None = None
+
+    @property
+    def attempts(self) -> int:
+        return len(self.exit_codes)
+
+
+def checkpoint_step(checkpoints_dir: Path) -> tuple[int | None, Path | None]:
+    """Step of the latest committed checkpoint, without hashing it (the child verifies on load)."""
+    path = latest_checkpoint(checkpoints_dir)
+    if path is None:
+        return None, None
+    try:
+        return int(read_meta(path, verify=False)["step"]), path
+    except (UserError, KeyError, TypeError, ValueError):
+        return None, path
+
+
+def supervise(
+    command: Sequence[str],
+    checkpoints_dir: Path,
+    log_path: Path,
+    max_restarts: int,
+    backoff_base_s: float = DEFAULT_BACKOFF_S,
+    backoff_max_s: float = MAX_BACKOFF_S,
+    restart_command: Sequence[str] | None = None,
+    env: dict[str, str] | None = None,
+    sleep: Callable[[float], object] | None = None,
+) -> Outcome:
+    """Run `command` and relaunch `restart_command` (default: the same) after each crash, at most
+    `max_restarts` times. Returns the Outcome; its exit_code is 0 on success, 1 after giving up,
+    2 for bad input, 128 + the signal number when stopped by SIGINT or SIGTERM. `sleep` replaces the
+    backoff wait (tests); by default a SIGTERM cuts the wait short."""
+    if max_restarts < 0:
+        raise UserError(f"--max-restarts {max_restarts} must be 0 or more.")
+    if backoff_base_s < 0:
+        raise UserError(f"--restart-backoff {backoff_base_s} must be 0 or more seconds.")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    outcome = Outcome(exit_code=1)
+    stopping: list[int] = []  # signal numbers received; a stopping supervisor launches nothing new
+    woken = threading.Event()
+    child: subprocess.Popen | None = None
+
+    def forward(signum: int, _frame: Any) -> None:
+        stopping.append(signum)
+        woken.set()
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    previous = _install(signal.SIGTERM, forward)
+    try:
+        attempt = 0
+        while True:
+            attempt += 1
+            step, path = checkpoint_step(checkpoints_dir)
+            argv = list(command if attempt == 1 or restart_command is None else restart_command)
+            _record(log_path, {"event": "launch", "attempt": attempt, "resume_step": step,
+                               "checkpoint": str(path) if path else None, "command": argv})  # fmt: skip
+            started = time.monotonic()
+            child = subprocess.Popen(argv, env={**(env or os.environ), "SMELT_ATTEMPT": str(attempt)})
+            try:
+                code = child.wait()
+            except KeyboardInterrupt:  # Ctrl-C reached the child too (same process group)
+                stopping.append(signal.SIGINT)
+                code = _wait_after_interrupt(child)
+            outcome.exit_codes.append(code)
+            outcome.last_step, _ = checkpoint_step(checkpoints_dir)
+            _record(log_path, {"event": "exit", "attempt": attempt, "exit_code": code,
+                               "reason": describe_exit(code), "duration_s": round(time.monotonic() - started, 3),
+                               "checkpoint_step": outcome.last_step})  # fmt: skip
+            if code == 0:
+                outcome.exit_code = 0
+                break
+            if stopping or code == INTERRUPTED_EXIT_CODE:
+                outcome.exit_code = 128 + (stopping[0] if stopping else signal.SIGINT)
+                _say(f"supervisor: stopping after a signal; attempt {attempt} {describe_exit(code)}")
+                break
+            if code == BAD_INPUT_EXIT_CODE:
+                outcome.exit_code = BAD_INPUT_EXIT_CODE
+                _say("supervisor: not restarting: a run that stops on bad input fails the same way again")
+                break
+            restart = attempt  # restarts so far + 1
+            if restart > max_restarts:
+                outcome.exit_code = 1
+                break
+            wait = backoff_s(restart, backoff_base_s, backoff_max_s)
+            _say(
+                f"supervisor: attempt {attempt} {describe_exit(code)} (exit code {code}); restart "
+                f"{restart}/{max_restarts} in {wait:g} s from "
+                + (f"checkpoint step {outcome.last_step}" if outcome.last_step is not None else "the start")
+            )
+            _record(log_path, {"event": "restart", "restart": restart, "max_restarts": max_restarts,
+                               "backoff_s": wait, "resume_step": outcome.last_step})  # fmt: skip
+            try:
+                (sleep or woken.wait)(wait)
+            except KeyboardInterrupt:
+                stopping.append(signal.SIGINT)
+            if stopping:
+                outcome.exit_code = 128 + stopping[0]
+                break
+    finally:
+        if previous is not None:
+            _install(signal.SIGTERM, previous)
+
+    summary = {
+        "event": "done" if outcome.exit_code == 0 else "gave_up" if outcome.exit_code == 1 else "stopped",
+        "attempts": outcome.attempts,
+        "restarts": outcome.attempts - 1,
+        "exit_codes": outcome.exit_codes,
+        "last_step": outcome.last_step,
+    }
+    _record(log_path, summary)
+    if outcome.exit_code == 1:
+        _say(
+            f"supervisor: giving up after {outcome.attempts} attempts ({max_restarts} restarts); exit codes "
+            f"{outcome.exit_codes}; latest checkpoint step {outcome.last_step}. The log of each attempt is "
+            f"above; restarts are recorded in {log_path}."
+        )
+    elif outcome.exit_code == 0 and outcome.attempts > 1:
+        _say(f"supervisor: finished after {outcome.attempts} attempts (exit codes {outcome.exit_codes})")
+    return outcome
+
+
+def child_command(args: argparse.Namespace, first: bool) -> list[str]:
+    """The `smelt train` command line of one attempt, rebuilt from the parsed arguments.
+
+    Without the supervisor's own flags; --force only on the first attempt (a restart must continue
+    the run, never start it over); `--resume auto` on restarts when the train command knows it.
+    """
+    argv = [sys.executable, "-m", "smelt.cli", "train", str(args.config)]
+    for item in args.overrides:
+        argv += ["--set", item]
+    if first and args.force:
+        argv.append("--force")
+    if hasattr(args, "resume"):
+        resume = args.resume if first else "auto"
+        if resume:
+            argv += ["--resume", str(resume)]
+    return argv
+
+
+def run_supervised(args: argparse.Namespace) -> int:
+    """The CLI entry: `smelt train CONFIG --max-restarts N [--restart-backoff S]`."""
+    from smelt.config import load_config
+    from smelt.pipeline import stage_dir
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UserError(
+            "--max-restarts supervises a single-process run; under torchrun use torchrun's own "
+            "--max-restarts (the train stage resumes from the latest checkpoint on each restart)."
+        )
+    cfg = load_config(args.config, args.overrides)  # bad config: fail here, before any launch
+    cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    outcome = supervise(
+        child_command(args, first=True),
+        stage_dir(cfg, "train") / "checkpoints",
+        cfg.run_dir / RESTARTS_LOG,
+        args.max_restarts,
+        backoff_base_s=args.restart_backoff,
+        restart_command=child_command(args, first=False),
+    )
+    return outcome.exit_code
+
+
+def _wait_after_interrupt(child: subprocess.Popen) -> int:
+    try:
+        return child.wait(timeout=30)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        child.kill()
+        return child.wait()
+
+
+def _install(signum: int, handler: Any) -> Any:
+    # signal handlers can only be set from the main thread; elsewhere, run without forwarding.
+    try:
+        return signal.signal(signum, handler)
+    except ValueError:
+        return None
+
+
+def _record(path: Path, event: dict[str, Any]) -> None:
+    event = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), **event}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(event) + "\n")
+
+
+def _say(message: str) -> None:
+    # Always shown, even under SMELT_QUIET: a restart is something the operator must see.
+    print(f"smelt: {message}", file=sys.stderr, flush=True)

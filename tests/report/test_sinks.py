@@ -1,0 +1,66 @@
+"""TensorBoard export and the live sinks (TensorBoard, W&B offline); clear errors when an extra is missing."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from smelt.cli import main
+from smelt.errors import UserError
+from smelt.report.sinks import TensorBoardSink, WandbSink, export_tensorboard, scalars
+
+
+def test_scalars_of_each_record_kind(metrics_records):
+    records = metrics_records()
+    train = next(r for r in records if r["kind"] == "train")
+    tags = dict(scalars(train))
+    assert tags["train/loss"] == train["loss"] and tags["train/clipped"] == 1.0 and "train/stage" not in tags
+    evaluation = dict(scalars(next(r for r in records if r["kind"] == "eval")))
+    assert {"eval/val_loss", "eval/val_loss/code", "eval/val_loss/web"} <= set(evaluation)
+    assert dict(scalars({"kind": "eval", "tokens": 1, "tasks": {"arc": {"acc": 0.5}}})) == {
+        "eval/task/arc/acc": 0.5
+    }
+
+
+def test_tensorboard_export_reads_back_against_tokens(tiny_run, tmp_path, capsys):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = tmp_path / "tb"
+    assert main(["report", str(tiny_run), "--tensorboard", str(logdir)]) == 0
+    assert "tensorboard:" in capsys.readouterr().out
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"train/loss", "train/lr", "eval/val_loss", "events/alert_loss_spike", "events/rollback"} <= set(
+        tags
+    )
+    loss = events.Scalars("train/loss")
+    assert [e.step for e in loss] == [2048 * s for s in range(2, 41, 2)]  # x axis: tokens
+    assert "events/text_summary" in events.Tags()["tensors"]  # event descriptions as text
+
+
+def test_tensorboard_missing_extra_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(UserError, match=r"pip install 'smelt\[tensorboard\]'"):
+        TensorBoardSink(tmp_path / "tb")
+    with pytest.raises(UserError, match="does not exist"):
+        export_tensorboard(tmp_path / "nope", tmp_path / "tb")
+
+
+def test_wandb_sink_offline(tmp_path, metrics_records, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sink = WandbSink("smelt-test", "tiny", tmp_path / "wandb", mode="offline")
+    for record in metrics_records():
+        sink.log(record)
+    sink.close()
+    files = list((tmp_path / "wandb").rglob("*.wandb"))
+    assert len(files) == 1 and b"train/loss" in files[0].read_bytes()
+
+
+def test_wandb_missing_extra_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(UserError, match=r"pip install 'smelt\[wandb\]'"):
+        WandbSink("p", "n", tmp_path)
