@@ -77,6 +77,24 @@ def test_uniform_model_scores_ln_v_per_token_and_counts_every_byte(run):
         assert figures["bits_per_byte"] == pytest.approx(expected, rel=1e-6)
     overall = result["overall"]
     assert overall["bytes"] == sum(result["per_source"][s]["bytes"] for s in ("prose", "code"))
+    # Loss by context position: every scored token lands in one bucket (windows of 32: 0-7, 8-31).
+    buckets = overall["loss_by_position"]
+    assert list(buckets) == ["0-7", "8-31"]
+    assert sum(b["tokens"] for b in buckets.values()) == overall["tokens"]
+    assert all(b["loss"] == pytest.approx(math.log(tokenizer.vocab_size), rel=1e-6) for b in buckets.values())
+
+
+def test_loss_by_position_counts_each_token_in_its_context_bucket():
+    from smelt.eval.heldout import position_bucket_names
+
+    assert position_bucket_names()[:3] == ["0-7", "8-31", "32-127"] and position_bucket_names()[-1] == "8192+"
+    by_position = np.zeros((7, 2))
+    stream = np.arange(200) % 7
+    model = tiny_model(16)
+    stream_nll(model, stream, seq_len=40, batch_size=3, device=torch.device("cpu"), by_position=by_position)
+    # 5 windows of up to 40 targets: positions 0-7 and 8-31 of each, then 32-39 (the last window has 39)
+    assert by_position[:, 1].tolist() == [40, 120, 39, 0, 0, 0, 0]
+    assert by_position[:, 0].sum() > 0
 
 
 def test_token_bytes_match_text_bytes(run):

@@ -24,6 +24,13 @@ from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
 from smelt.model.transformer import doc_ids_from_tokens, position_ids_from_doc_ids
 from smelt.progress import progress
 
+# Edges of the context-position buckets of `loss by position`: how much a longer context helps.
+POSITION_EDGES = (0, 8, 32, 128, 512, 2048, 8192)
+
+
+def position_bucket_names(edges: tuple[int, ...] = POSITION_EDGES) -> list[str]:
+    return [f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:], strict=False)] + [f"{edges[-1]}+"]
+
 
 @torch.no_grad()
 def stream_nll(
@@ -33,6 +40,7 @@ def stream_nll(
     batch_size: int,
     device: torch.device,
     eos_id: int | None = None,
+    by_position: np.ndarray | None = None,
 ) -> tuple[float, int]:
     """Sum of token losses (nats, float64) over every token of `stream` but the first, and their count.
 
@@ -40,6 +48,8 @@ def stream_nll(
     window's losses do not depend on which other windows share its batch (padding is never attended
     to by earlier positions and is excluded from the loss). With `eos_id`, attention stays within each
     document (EOS-delimited) and positions restart per document, as in training with doc masking.
+    `by_position` (float64 [buckets, 2]) accumulates (loss sum, tokens) per bucket of the context
+    position a token is predicted from (POSITION_EDGES; within its document under `eos_id`).
     """
     model.eval()
     starts = list(range(0, max(len(stream) - 1, 0), seq_len))
@@ -54,14 +64,22 @@ def stream_nll(
             targets[row, : len(window) - 1] = window[1:]
         inputs, targets = inputs.to(device), targets.to(device)
         docs = {}
+        positions = torch.arange(seq_len).expand(len(chunk), seq_len)
         if eos_id is not None:
             doc_ids = doc_ids_from_tokens(inputs, eos_id)
             docs = {"doc_ids": doc_ids, "position_ids": position_ids_from_doc_ids(doc_ids)}
+            positions = docs["position_ids"].cpu()
         logits, _ = model(inputs, **docs)
         losses = F.cross_entropy(
             logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none"
         )
         mask = targets.flatten() != -100
+        if by_position is not None:
+            bucket = (
+                np.searchsorted(POSITION_EDGES, positions.flatten()[mask.cpu()].numpy(), side="right") - 1
+            )
+            np.add.at(by_position[:, 0], bucket, losses[mask].double().cpu().numpy())
+            np.add.at(by_position[:, 1], bucket, 1)
         total += losses[mask].double().sum().item()
         count += int(mask.sum().item())
     return total, count
@@ -91,6 +109,7 @@ def heldout_bits_per_byte(
     per_source: dict[str, dict[str, Any]] = {}
     all_bytes: list[bytes] = []
     nll_total, tokens_total = 0.0, 0
+    by_position = np.zeros((len(POSITION_EDGES), 2))
     byte_cap = max_bytes // len(sources) if max_bytes else 0
     for source in sources:
         shards = ShardSet(tokens_dir, split, source)
@@ -111,7 +130,9 @@ def heldout_bits_per_byte(
                     break
         end = int(starts[n_docs]) if n_docs < len(starts) else shards.total_tokens
         stream = np.concatenate([np.array([eos_id], dtype=np.int64), shards.read(0, end).astype(np.int64)])
-        nll, count = stream_nll(model, stream, seq_len, batch_size, device, eos_id if doc_masking else None)
+        nll, count = stream_nll(
+            model, stream, seq_len, batch_size, device, eos_id if doc_masking else None, by_position
+        )
         data = b"".join(encoded[:n_docs])
         per_source[source] = _figures(nll, count, data, n_docs)
         all_bytes.append(data)
@@ -120,6 +141,11 @@ def heldout_bits_per_byte(
     overall = _figures(
         nll_total, tokens_total, b"".join(all_bytes), sum(s["documents"] for s in per_source.values())
     )
+    overall["loss_by_position"] = {
+        name: {"loss": loss / count, "tokens": int(count)}
+        for name, (loss, count) in zip(position_bucket_names(), by_position.tolist(), strict=True)
+        if count > 0
+    }
     return {"overall": overall, "per_source": per_source}
 
 
