@@ -6,10 +6,10 @@ import torch
 from smelt.config import ModelConfig, TrainConfig
 from smelt.errors import ConfigError, UserError
 from smelt.model.transformer import Transformer
+from smelt.train.batching import batch_plan
 from smelt.train.optim import build_optimizer, param_groups
 from smelt.train.precision import resolve_precision
 from smelt.train.schedule import lr_at, warmup_steps
-from smelt.train.trainer import batch_plan
 
 
 def test_warmup_then_cosine_to_floor():
@@ -80,3 +80,26 @@ def test_precision_resolution():
     assert resolve_precision("auto", cpu).name in ("bf16", "fp32")
     with pytest.raises(UserError, match="train.precision = 'fp16' needs a CUDA device"):
         resolve_precision("fp16", cpu)
+
+
+def test_batch_ramp_grows_in_whole_starting_batches_and_consumes_every_token():
+    tc = TrainConfig(seq_len=32, micro_batch=2, batch_tokens=512, tokens=512 * 10, batch_ramp_tokens=2048)
+    plan = batch_plan(tc)
+    assert plan.unit_tokens == 64 and plan.grad_accum == 1  # start: seq_len x micro_batch
+    # batch after T tokens: 64 + 448 * min(1, T / 2048), rounded down to whole 64-token units
+    assert list(plan.units[:6]) == [1, 1, 1, 1, 1, 2] and max(plan.units) == 8 == plan.units[-2]
+    assert plan.units[-1] == 7  # the last step takes what is left
+    assert plan.loader_steps == 80 and plan.tokens == 512 * 10
+    assert [plan.tokens_at(s) for s in (0, 1, 5, 6)] == [0, 64, 320, 448]
+    assert [plan.step_of_loader_step(u) for u in (5, 6, 7, 8)] == [5, 6, 6, 7]
+    assert plan.step_at_tokens(2048) == next(s for s in range(1, plan.steps + 1) if plan.tokens_at(s) >= 2048)
+    with pytest.raises(ConfigError, match="train.batch_ramp_start = 96 .* multiple"):
+        batch_plan(
+            TrainConfig(seq_len=32, micro_batch=2, batch_tokens=512, batch_ramp_tokens=1, batch_ramp_start=96)
+        )
+    with pytest.raises(ConfigError, match="must be smaller than train.batch_tokens = 512 and divide it"):
+        batch_plan(
+            TrainConfig(
+                seq_len=32, micro_batch=2, batch_tokens=512, batch_ramp_tokens=1, batch_ramp_start=192
+            )
+        )

@@ -314,3 +314,26 @@ def test_doc_masking_feeds_document_boundaries(data, tmp_path, monkeypatch, mask
         assert any(int(d.max()) > 0 for d in seen)  # documents of 20..120 tokens: several per row
     else:
         assert all(d is None for d in seen)
+
+
+def test_batch_ramp_run_logs_growing_batches_and_resumes_mid_ramp_exactly(data, tmp_path):
+    tokens, tokenizer = data
+    cfg = tiny_config(
+        tokens=256 * 6, log_every=1, eval_every=0, batch_ramp_tokens=256 * 3, batch_ramp_start=128
+    )
+    cfg.checkpoint.every_steps, cfg.checkpoint.keep_last = 3, 5
+    full = train(cfg, tokens, tokenizer, tmp_path / "full")
+    lines = read_metrics(tmp_path / "full")
+    start = lines[0]
+    assert start["batch_ramp"]["start_tokens"] == 128
+    batches = [r["batch_tokens"] for r in lines if r["kind"] == "train"]
+    assert batches[0] == 128 and batches[-1] == 256 and batches == sorted(batches)
+    assert sum(batches) == full["tokens"] == 256 * 6
+    assert [r["tokens"] for r in lines if r["kind"] == "train"][-1] == 256 * 6
+
+    run = tmp_path / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "step_0000003", run / "checkpoints" / "step_0000003")
+    resumed = train(cfg, tokens, tokenizer, run, resume="auto")
+    assert resumed["resumed_from_step"] == 3
+    assert train_figures(read_metrics(run), 3) == train_figures(lines, 3)  # the same batches, the same losses

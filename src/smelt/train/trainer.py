@@ -15,11 +15,11 @@ alerts and skips, and the share of step time spent waiting for data. Rank 0 alon
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from smelt.model.flops import count_params, flops_per_token
 from smelt.model.transformer import Transformer
 from smelt.progress import log, progress
 from smelt.train.alerts import AlertPolicy, SpikeMonitor
+from smelt.train.batching import BatchPlan, batch_plan
 from smelt.train.distributed import (
     DistContext,
     device_for,
@@ -57,42 +58,6 @@ from smelt.train.precision import peak_flops, resolve_precision
 from smelt.train.schedule import Schedule, warmup_steps
 from smelt.train.step import finish_grads, forward_backward
 from smelt.train.watchdog import Watchdog
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    seq_len: int
-    micro_batch: int
-    world_size: int
-    batch_tokens: int  # global tokens per optimizer step
-    grad_accum: int  # micro steps per optimizer step, per process
-    steps: int
-
-    @property
-    def tokens(self) -> int:
-        return self.steps * self.batch_tokens
-
-
-def batch_plan(cfg: TrainConfig, world_size: int = 1) -> BatchPlan:
-    """Resolve batch_tokens into gradient-accumulation steps and the number of optimizer steps."""
-    per_micro = cfg.seq_len * cfg.micro_batch * world_size
-    batch_tokens = cfg.batch_tokens or per_micro
-    if batch_tokens % per_micro:
-        lower = batch_tokens // per_micro * per_micro
-        valid = [v for v in (lower, lower + per_micro) if v > 0]
-        raise ConfigError(
-            f"train.batch_tokens = {batch_tokens} is not a multiple of seq_len x micro_batch x world size = "
-            f"{cfg.seq_len} x {cfg.micro_batch} x {world_size} = {per_micro}. Nearest valid values: "
-            f"{' or '.join(map(str, valid))} (or 0 for exactly {per_micro})."
-        )
-    return BatchPlan(
-        seq_len=cfg.seq_len,
-        micro_batch=cfg.micro_batch,
-        world_size=world_size,
-        batch_tokens=batch_tokens,
-        grad_accum=batch_tokens // per_micro,
-        steps=math.ceil(cfg.tokens / batch_tokens),
-    )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -174,7 +139,11 @@ def _alert_policy(tc: TrainConfig, warmup: int) -> AlertPolicy:
 
 def build_schedule(tc: TrainConfig, plan: BatchPlan, stage_first_steps: list[int]) -> Schedule:
     """The run's LR schedule; stage_first_steps are the 1-based first steps of every stage."""
-    warmup = warmup_steps(tc.warmup_tokens, tc.tokens, plan.batch_tokens, plan.steps)
+    warmup = (
+        plan.step_at_tokens(tc.warmup_tokens or 0.02 * tc.tokens)
+        if plan.units
+        else warmup_steps(tc.warmup_tokens, tc.tokens, plan.batch_tokens, plan.steps)
+    )
     rewarmup = round(tc.rewarmup_tokens / plan.batch_tokens) if tc.rewarmup_tokens else 0
     try:
         return Schedule(
@@ -249,9 +218,13 @@ def _train(
     forward = torch.compile(wrapped) if tc.compile else wrapped
     optimizer = build_optimizer(model, tc, device)
     scaler = precision.grad_scaler()
-    loader = TokenLoader.from_config(cfg, tokens_dir, tokenizer_dir, rank, world_size)
+    # With a batch ramp the loader's step is the starting batch; an optimizer step takes several.
+    loader_cfg = dataclasses.replace(
+        cfg, train=dataclasses.replace(tc, batch_tokens=plan.loader_batch_tokens)
+    )
+    loader = TokenLoader.from_config(loader_cfg, tokens_dir, tokenizer_dir, rank, world_size)
     data_plan = loader.plan
-    assert data_plan.steps == plan.steps and loader.per_rank // loader.micro_batch == plan.grad_accum
+    assert data_plan.steps == plan.loader_steps and loader.per_rank // loader.micro_batch == plan.grad_accum
     mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
     ratios = UpdateRatioMonitor(model, sharded) if tc.monitor_every else None
 
@@ -259,7 +232,9 @@ def _train(
     flops_tok = flops_per_token(cfg.model, vocab_size, tc.seq_len)
     peak = peak_flops(device, precision)
     peak_total = peak * world_size if peak else None
-    schedule = build_schedule(tc, plan, [stage.first_step for stage in data_plan.stages])
+    schedule = build_schedule(
+        tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
+    )
     spikes = SpikeMonitor(_alert_policy(tc, schedule.warmup))
     checkpoints_dir = out_dir / "checkpoints"
     config_dict = cfg.to_dict()
@@ -295,7 +270,7 @@ def _train(
             scaler.load_state_dict(ckpt_meta["scaler"])
         if ckpt_meta.get("alerts"):
             spikes.load_state_dict(ckpt_meta["alerts"])
-        mixture.resume(start_step + 1, loader.source_counts)
+        mixture.resume(loader.step + 1, loader.source_counts)
     checkpointer = Checkpointer(
         checkpoints_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async_save,
         cfg.checkpoint.milestone_every_steps, cfg.checkpoint.milestone_every_tokens,
@@ -306,11 +281,13 @@ def _train(
         sinks=_sinks(cfg, out_dir) if ctx.is_main else None,
     )  # fmt: skip
     inloop = _inloop_eval(cfg, tokenizer_dir, device)
-    start_tokens = start_step * plan.batch_tokens
+    start_tokens = plan.tokens_at(start_step)
     metrics.write({
         "kind": "event", "step": start_step, "tokens": start_tokens,
         "event": "start" if resume_from is None else "resume", "steps": plan.steps,
         "batch_tokens": plan.batch_tokens, "grad_accum": plan.grad_accum, "warmup_steps": schedule.warmup,
+        **({"batch_ramp": {"start_tokens": plan.unit_tokens, "ramp_tokens": tc.batch_ramp_tokens,
+                           "full_at_step": plan.units.index(max(plan.units)) + 1}} if plan.units else {}),
         "schedule": schedule.kind, "precision": precision.name, "device": str(device),
         "params_total": params["total"], "params_non_embedding": params["non_embedding"],
         "flops_per_token": flops_tok, "peak_flops": peak_total, "world_size": world_size,
@@ -350,14 +327,14 @@ def _train(
         # With several sources, each gets its own loss on its own first eval_tokens: an aggregate can
         # fall while one domain regresses.
         by_source = {s: score(s)[0] for s in val_sources} if len(val_sources) > 1 else {}
-        metrics.write({"kind": "eval", "step": step, "tokens": step * plan.batch_tokens,
+        metrics.write({"kind": "eval", "step": step, "tokens": plan.tokens_at(step),
                        "val_loss": val_loss, "val_tokens": scored,
                        **({"val_loss_by_source": by_source} if by_source else {})})  # fmt: skip
         return val_loss
 
     def checkpoint(step: int) -> None:
         meta = {
-            "tokens": step * plan.batch_tokens,
+            "tokens": plan.tokens_at(step),
             "loader": loader.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "alerts": spikes.state_dict(),
@@ -369,11 +346,12 @@ def _train(
             "parallel": tc.parallel if ctx.distributed else None,
         }
         rank_state = {"rng": rng_state(device)}
-        for event in checkpointer.save(step, model, optimizer, meta, rank_state, plan.batch_tokens):
+        step_tokens = plan.tokens_at(step) - plan.tokens_at(step - 1)
+        for event in checkpointer.save(step, model, optimizer, meta, rank_state, step_tokens):
             metrics.write(event)
 
     def fail(step: int, message: str) -> RuntimeError:
-        metrics.write({"kind": "event", "step": step, "tokens": step * plan.batch_tokens,
+        metrics.write({"kind": "event", "step": step, "tokens": plan.tokens_at(step),
                        "event": "end", "status": "failed", "error": message})  # fmt: skip
         return RuntimeError(message)
 
@@ -390,6 +368,7 @@ def _train(
     window_source_sums = torch.zeros((len(train_sources), 2), dtype=torch.float64)
     window_clipped = window_skipped = window_steps = 0
     window_time, window_wait, train_time, total_wait = 0.0, 0.0, 0.0, 0.0
+    window_tokens = 0
     last_log_loss = _last_logged_loss(out_dir) if start_step >= plan.steps else float("nan")
     last_val: float | None = None
     final: Path | None = None
@@ -404,18 +383,23 @@ def _train(
     try:
         for step in range(start_step + 1, plan.steps + 1):
             t0 = time.perf_counter()
-            data = loader.next_step()
+            parts = [loader.next_step() for _ in range(plan.units_at(step))]
             wait = time.perf_counter() - t0
+            data = parts[-1]
+            micro = [m for part in parts for m in part.micro] if len(parts) > 1 else data.micro
             stage = data.stage
-            if step == stage.first_step:
-                metrics.write({"kind": "event", "step": step - 1, "tokens": (step - 1) * plan.batch_tokens,
-                               "event": "stage", "stage": stage.name, "index": stage.index,
-                               "first_step": stage.first_step, "last_step": stage.last_step,
-                               "weights": stage.weights})  # fmt: skip
+            for part in parts:
+                if part.step == part.stage.first_step:
+                    first, last = part.stage.first_step, part.stage.last_step
+                    metrics.write({"kind": "event", "step": step - 1, "tokens": plan.tokens_at(step - 1),
+                                   "event": "stage", "stage": part.stage.name, "index": part.stage.index,
+                                   "first_step": plan.step_of_loader_step(first),
+                                   "last_step": plan.step_of_loader_step(last),
+                                   "weights": part.stage.weights})  # fmt: skip
             lr = schedule(step - 1)
             set_lr(optimizer, lr)
             loss_t, _, source_sums = forward_backward(
-                wrapped, forward, data.micro, precision=precision, scaler=scaler, mode=tc.parallel,
+                wrapped, forward, micro, precision=precision, scaler=scaler, mode=tc.parallel,
                 world_size=world_size, doc_masking=tc.doc_masking, device=device, sources=train_sources,
             )  # fmt: skip
             if source_sums is not None:
@@ -424,7 +408,8 @@ def _train(
             loss_value, norm_value = (
                 float(v) for v in torch.stack([loss_t.float(), norm_t.float().cpu()]).tolist()
             )
-            tokens_now = step * plan.batch_tokens
+            tokens_now = plan.tokens_at(step)
+            window_tokens += tokens_now - plan.tokens_at(step - 1)
             overflow = scaler is not None and math.isfinite(loss_value) and not math.isfinite(norm_value)
             alerts = [] if overflow else spikes.check(loss_value, norm_value)
             action = SpikeMonitor.action(alerts)
@@ -498,15 +483,19 @@ def _train(
                 window_losses.append(loss_value)
             window_clipped += int(action == "apply" and tc.grad_clip > 0 and norm_value > tc.grad_clip)
             bar.update(1)
-            for event in mixture.update(step, data.source_counts) + checkpointer.poll():
+            for part in parts:
+                for event in mixture.update(part.step, part.source_counts):
+                    metrics.write(event)
+            for event in checkpointer.poll():
                 metrics.write(event)
 
             if step == 1 or step % tc.log_every == 0 or step == plan.steps:
                 steps_in_window = max(1, window_steps)
-                tps = steps_in_window * plan.batch_tokens / max(window_time, 1e-9)
+                tps = window_tokens / max(window_time, 1e-9)
                 last_log_loss = sum(window_losses) / len(window_losses) if window_losses else float("nan")
                 metrics.write({
                     "kind": "train", "step": step, "tokens": tokens_now,
+                    **({"batch_tokens": tokens_now - plan.tokens_at(step - 1)} if plan.units else {}),
                     "loss": last_log_loss if window_losses else None, "lr": lr,
                     "grad_norm": norm_value if math.isfinite(norm_value) else None,
                     "grad_norm_clipped": _clipped_norm(norm_value, tc.grad_clip),
@@ -523,7 +512,7 @@ def _train(
                 window_source_sums.zero_()
                 if window_losses:
                     bar.set_postfix(loss=f"{last_log_loss:.3f}", tok_s=f"{tps:,.0f}", refresh=False)
-                window_losses, window_time, window_wait = [], 0.0, 0.0
+                window_losses, window_time, window_wait, window_tokens = [], 0.0, 0.0, 0
                 window_clipped = window_skipped = window_steps = 0
             if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
                 last_val = run_eval(step)
@@ -540,7 +529,7 @@ def _train(
         for event in checkpointer.close():
             metrics.write(event)
         final = checkpoints_dir / step_dir_name(plan.steps)
-        summary_tps = (plan.steps - start_step) * plan.batch_tokens / max(train_time, 1e-9)
+        summary_tps = (plan.tokens - plan.tokens_at(start_step)) / max(train_time, 1e-9)
         metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
                        "status": "ok", "wall_time_s": time.time() - started, "skipped_steps": skipped_total,
                        "rollbacks": rollbacks})  # fmt: skip
