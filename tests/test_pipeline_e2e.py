@@ -47,6 +47,12 @@ def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path, capsys):
     assert 0 < summary["val_gzip_bits_per_byte"] < 8 and 0 < summary["val_xz_bits_per_byte"] < 8
     assert len(summary["samples"]) == 3
     assert (run / "train" / "metrics.jsonl").is_file()
+    report = (run / "report.html").read_text()  # the quickstart ends by writing its report
+    assert (
+        "http://" not in report
+        and "https://" not in report
+        and str(run / "report.html") in capsys.readouterr().out
+    )
     checkpoint = run / "train" / "checkpoints"
     assert any((p / "COMMITTED").is_file() for p in checkpoint.iterdir())
     assert not any(s["skipped"] for s in summary["stages"].values())
