@@ -96,7 +96,7 @@ def test_bad_checkpoint_and_task_arguments(run):
     root, cfg = run
     with pytest.raises(UserError, match="step_0000009 does not exist.*step_0000001, step_0000002"):
         evaluate_checkpoints(cfg, root, "9")
-    with pytest.raises(UserError, match="must be `latest`, `all` or a step number"):
+    with pytest.raises(UserError, match="must be `latest`, `all`, a step number or a checkpoint directory"):
         evaluate_checkpoints(cfg, root, "best")
     with pytest.raises(UserError, match="unknown task 'nope'"):
         evaluate_checkpoints(cfg, root, "2", tasks=["nope"])
@@ -137,7 +137,7 @@ def test_cli_eval_all_with_tasks_and_limit(run, capsys):
     step = json.loads((root / "eval" / "step_0000001.json").read_text())
     assert set(step["tasks"]) == {"copa", "winogrande"}
     assert main(["eval", str(root), "--checkpoint", "last"]) == 2
-    assert "must be `latest`, `all` or a step number" in capsys.readouterr().err
+    assert "must be `latest`, `all`, a step number or a checkpoint directory" in capsys.readouterr().err
     assert main(["eval", str(root), "--tasks", "copa", "--limit", "-1"]) == 2
 
 
@@ -159,3 +159,20 @@ def test_inloop_eval_scores_a_plain_module(run):
     cfg.eval.every_steps = 0
     off = InLoopEval(cfg, root / "tokenizer", torch.device("cpu"))
     assert not off.due(10) and off(model, 10) == {}
+
+
+def test_a_checkpoint_directory_such_as_an_average_is_scored_under_its_own_name(run):
+    from smelt.checkpoint.store import load_model, save_checkpoint
+
+    root, cfg = run
+    shutil.rmtree(root / "eval", ignore_errors=True)
+    model, meta = load_model(root / "train" / "checkpoints" / "step_0000002")
+    meta = {**meta, "weights_only": True}
+    saved = save_checkpoint(root / "averaged", 2, model, None, meta)
+    average = saved.rename(saved.with_name("step_0000002-avg2"))
+    (result,) = evaluate_checkpoints(cfg, root, str(average), limit=3)
+    assert result["step"] == 2
+    assert (root / "eval" / "weights_only-step_0000002-avg2.json").is_file()
+    assert not (root / "eval" / "step_0000002.json").exists()  # the real step's file is left alone
+    with pytest.raises(UserError, match="a step number or a checkpoint directory"):
+        evaluate_checkpoints(cfg, root, str(root / "nowhere"))

@@ -59,7 +59,8 @@ def task_set_version(cfg: Config, tasks: list[str], limit: int) -> str:
 
 
 def resolve_checkpoints(run_dir: Path, which: str) -> list[Path]:
-    """`latest`, `all` (every retained checkpoint, oldest first) or a step number."""
+    """`latest`, `all` (every retained checkpoint, oldest first), a step number, or a committed checkpoint
+    directory (e.g. an average written by `smelt checkpoint average`)."""
     from smelt.checkpoint.store import latest_checkpoint, list_checkpoints
 
     checkpoints = run_dir / "train" / "checkpoints"
@@ -68,11 +69,15 @@ def resolve_checkpoints(run_dir: Path, which: str) -> list[Path]:
     elif which == "latest":
         latest = latest_checkpoint(checkpoints)
         found = [latest] if latest else []
+    elif (Path(which) / "COMMITTED").is_file():
+        found = [Path(which)]
     else:
         try:
             step = int(which)
         except ValueError as exc:
-            raise UserError(f"--checkpoint {which!r} must be `latest`, `all` or a step number.") from exc
+            raise UserError(
+                f"--checkpoint {which!r} must be `latest`, `all`, a step number or a checkpoint directory."
+            ) from exc
         path = checkpoints / f"step_{step:07d}"
         if not (path / "COMMITTED").is_file():
             steps = [p.name for p in list_checkpoints(checkpoints)]
@@ -223,8 +228,16 @@ def evaluate_checkpoint(
         "gallery": gallery(model, tokenizer, e.prompts, e.gallery_tokens),
     }
     # The file holds only what the checkpoint and task set determine, so re-scoring rewrites the same bytes.
-    write_json(out_dir / f"step_{step:07d}.json", result)
+    write_json(out_dir / result_name(path, meta), result)
     return {**result, "wall_time_s": round(time.time() - started, 3)}
+
+
+def result_name(path: Path, meta: dict[str, Any]) -> str:
+    """step_NNNNNNN.json; a weights-only checkpoint (an average) is named after its directory, so it
+    never overwrites the step it was made at nor joins the training curves."""
+    if meta.get("weights_only"):
+        return f"weights_only-{path.name}.json"
+    return f"step_{int(meta['step']):07d}.json"
 
 
 def _current(out_dir: Path, path: Path, version: str) -> dict[str, Any] | None:
@@ -232,7 +245,7 @@ def _current(out_dir: Path, path: Path, version: str) -> dict[str, Any] | None:
     from smelt.checkpoint.store import read_meta
 
     meta = read_meta(path, verify=False)
-    target = out_dir / f"step_{int(meta['step']):07d}.json"
+    target = out_dir / result_name(path, meta)
     try:
         existing = json.loads(target.read_text())
     except (OSError, json.JSONDecodeError):
