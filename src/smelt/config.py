@@ -396,7 +396,9 @@ class TrainConfig:
         0, range=(0, 10**15), help="grow the batch linearly over this many tokens (0: no ramp)"
     )
     batch_ramp_start: int = _opt(
-        0, range=(0, 10**10), help="starting global batch in tokens of a ramp (0: seq_len x micro_batch x world)"
+        0,
+        range=(0, 10**10),
+        help="starting global batch in tokens of a ramp (0: seq_len x micro_batch x world)",
     )
     lr: float = _opt(3e-3, range=(0.0, 10.0))
     min_lr_ratio: float = _opt(0.1, range=(0.0, 1.0), help="cosine floor as a fraction of lr")
