@@ -20,7 +20,8 @@ from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import MARKER, latest_checkpoint, list_checkpoints, load_model, save_checkpoint
 from smelt.config import config_from_dict
 from smelt.errors import UserError
-from smelt.train.trainer import resolve_resume, train
+from smelt.train.setup import resolve_resume
+from smelt.train.trainer import train
 
 WORKER = Path(__file__).parents[1] / "train" / "dist_worker.py"
 STEPS = 24

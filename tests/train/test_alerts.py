@@ -96,7 +96,7 @@ def test_rollback_without_a_checkpoint_falls_back_to_skip(data, tmp_path, monkey
 
 def test_spike_statistics_start_after_warmup():
     from smelt.config import TrainConfig
-    from smelt.train.trainer import _alert_policy
+    from smelt.train.setup import alert_policy as _alert_policy
 
     tc = TrainConfig(alert_min_history=20)
     assert _alert_policy(tc, 25).min_history == 45  # grad norms swing while the LR ramps

@@ -21,7 +21,8 @@ import torch
 
 from smelt.config import Config
 from smelt.model.transformer import Transformer
-from smelt.train.trainer import read_vocab_size, train
+from smelt.train.setup import read_vocab_size
+from smelt.train.trainer import train
 
 STEP0_TOLERANCE = 0.1
 OVERFIT_ROWS = 8

@@ -7,7 +7,9 @@ batch carries its document boundaries (fed to the model for intra-document atten
 train.doc_masking is on), and the loader's O(1) state goes into every checkpoint, so `resume`
 continues with exactly the batches an uninterrupted run would have seen. The step arithmetic
 (token-weighted accumulation, sync, clipping) is in step.py; alerts and their policies (skip,
-rollback, stop) in alerts.py; metrics.jsonl, validation and per-layer update ratios in monitors.py.
+rollback, stop) in alerts.py; metrics.jsonl, validation and per-layer update ratios in monitors.py;
+batch arithmetic and the batch ramp in batching.py; the run's other parts (resume choice, schedule,
+sinks, run manifest) in setup.py; checkpoints in smelt.checkpoint.
 metrics.jsonl gets the data plan, stage changes, the realized mixture per window (with drift alerts),
 alerts and skips, and the share of step time spent waiting for data. Rank 0 alone writes.
 """
@@ -29,20 +31,19 @@ from tqdm import tqdm
 from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import (
     latest_checkpoint,
-    latest_valid_checkpoint,
     load_training_state,
     restore_rng,
     rng_state,
     step_dir_name,
 )
-from smelt.config import Config, TrainConfig, hash_json
-from smelt.errors import ConfigError, UserError
+from smelt.config import Config, hash_json
+from smelt.errors import UserError
 from smelt.manifest import write_json
 from smelt.model.flops import count_params, flops_per_token
 from smelt.model.transformer import Transformer
 from smelt.progress import log, progress
-from smelt.train.alerts import AlertPolicy, SpikeMonitor
-from smelt.train.batching import BatchPlan, batch_plan
+from smelt.train.alerts import SpikeMonitor
+from smelt.train.batching import batch_plan
 from smelt.train.distributed import (
     DistContext,
     device_for,
@@ -55,105 +56,24 @@ from smelt.train.distributed import (
 from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, evaluate
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
-from smelt.train.schedule import Schedule, warmup_steps
+from smelt.train.setup import (
+    agreed_resume,
+    alert_policy,
+    build_schedule,
+    clipped_norm,
+    file_hash,
+    has_tokens,
+    inloop_evaluator,
+    last_logged_loss,
+    losses_by_source,
+    memory_mb,
+    metric_sinks,
+    read_vocab_size,
+    resolve_device,
+    write_run_manifest,
+)
 from smelt.train.step import finish_grads, forward_backward
 from smelt.train.watchdog import Watchdog
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise ConfigError(f"train.device = {name!r} is not a device; use auto, cpu, cuda or cuda:N.") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"train.device = {name!r} but this machine has no CUDA GPU; use 'auto' or 'cpu'.")
-    return device
-
-
-def read_vocab_size(tokenizer_dir: Path) -> int:
-    path = Path(tokenizer_dir) / "smelt.json"
-    try:
-        return int(json.loads(path.read_text())["vocab_size"])
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
-        raise UserError(
-            f"cannot read the padded vocab size from {path} ({exc}). Train the tokenizer first "
-            f"(`smelt tokenizer train CONFIG`) or point the trainer at its directory."
-        ) from exc
-
-
-def has_tokens(split_dir: Path) -> bool:
-    return split_dir.is_dir() and any(p.stat().st_size > 0 for p in split_dir.rglob("*.bin"))
-
-
-def resolve_resume(resume: str | Path | None, checkpoints_dir: Path) -> tuple[Path | None, list[str]]:
-    """The checkpoint to resume from and warnings: None (fresh run), "auto" or a checkpoint directory.
-
-    "auto" takes the newest checkpoint whose files match their checksums, passing over damaged ones
-    with a warning each; none at all means a fresh start.
-    """
-    if resume is None:
-        return None, []
-    if str(resume) == "auto":
-        return latest_valid_checkpoint(checkpoints_dir)
-    path = Path(resume)
-    if not path.is_dir():
-        raise UserError(
-            f"cannot resume from {path}: no such checkpoint directory. Pass 'auto' or a step_NNNNNNN dir."
-        )
-    return path, []
-
-
-def _agreed_resume(
-    resume: str | Path | None, checkpoints_dir: Path, ctx: DistContext
-) -> tuple[Path | None, list[str]]:
-    # Rank 0 verifies and chooses; every rank must load the same checkpoint.
-    choice: list[Any] = [resolve_resume(resume, checkpoints_dir) if ctx.is_main else None]
-    if ctx.distributed:
-        torch.distributed.broadcast_object_list(choice, src=0)
-    return choice[0]
-
-
-def _file_hash(path: Path) -> str | None:
-    from smelt.manifest import hash_file
-
-    return hash_file(path) if path.is_file() else None
-
-
-def _alert_policy(tc: TrainConfig, warmup: int) -> AlertPolicy:
-    # Grad norms grow and swing while the learning rate ramps and the model leaves its init; spike
-    # statistics start only after warmup, or early learning would be skipped as "spikes".
-    return AlertPolicy(
-        window=tc.alert_window,
-        min_history=tc.alert_min_history + warmup,
-        loss_std=tc.loss_spike_std,
-        grad_alert_factor=tc.grad_alert_factor,
-        grad_spike_factor=tc.grad_spike_factor,
-        on_nonfinite=tc.on_nonfinite,
-        on_loss_spike=tc.on_loss_spike,
-        on_grad_spike=tc.on_grad_spike,
-        max_consecutive_skips=tc.max_consecutive_skips,
-    )
-
-
-def build_schedule(tc: TrainConfig, plan: BatchPlan, stage_first_steps: list[int]) -> Schedule:
-    """The run's LR schedule; stage_first_steps are the 1-based first steps of every stage."""
-    warmup = (
-        plan.step_at_tokens(tc.warmup_tokens or 0.02 * tc.tokens)
-        if plan.units
-        else warmup_steps(tc.warmup_tokens, tc.tokens, plan.batch_tokens, plan.steps)
-    )
-    rewarmup = round(tc.rewarmup_tokens / plan.batch_tokens) if tc.rewarmup_tokens else 0
-    try:
-        return Schedule(
-            kind=tc.schedule, lr=tc.lr, warmup=warmup, total_steps=plan.steps, min_lr_ratio=tc.min_lr_ratio,
-            decay_fraction=tc.decay_fraction, decay_shape=tc.decay_shape, decay_start=tc.decay_start_step,
-            milestones=tuple(tc.milestones), gamma=tc.step_gamma, rewarmup=max(rewarmup, 1 if rewarmup else 0),
-            stage_starts=tuple(first - 1 for first in stage_first_steps if first > 1),
-        )  # fmt: skip
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
 
 
 def train(
@@ -235,7 +155,7 @@ def _train(
     schedule = build_schedule(
         tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
     )
-    spikes = SpikeMonitor(_alert_policy(tc, schedule.warmup))
+    spikes = SpikeMonitor(alert_policy(tc, schedule.warmup))
     checkpoints_dir = out_dir / "checkpoints"
     config_dict = cfg.to_dict()
     tokens_meta = (
@@ -244,12 +164,12 @@ def _train(
     identity = {
         "model_config": cfg.model.__dict__.copy(),
         "vocab_size": vocab_size,
-        "tokenizer_hash": tokens_meta.get("tokenizer_hash") or _file_hash(tokenizer_dir / "tokenizer.json"),
-        "data_hash": _file_hash(tokens_dir / "shards.json"),
+        "tokenizer_hash": tokens_meta.get("tokenizer_hash") or file_hash(tokenizer_dir / "tokenizer.json"),
+        "data_hash": file_hash(tokens_dir / "shards.json"),
     }
 
     start_step = 0
-    resume_from, resume_warnings = _agreed_resume(resume, checkpoints_dir, ctx)
+    resume_from, resume_warnings = agreed_resume(resume, checkpoints_dir, ctx)
     rank_state: dict[str, Any] | None = None
     if resume_from is not None:
         ckpt_meta, rank_state = load_training_state(resume_from, model, optimizer, expected=identity)
@@ -278,9 +198,9 @@ def _train(
 
     metrics = MetricsLog(
         out_dir / "metrics.jsonl", enabled=ctx.is_main, append=resume_from is not None,
-        sinks=_sinks(cfg, out_dir) if ctx.is_main else None,
+        sinks=metric_sinks(cfg, out_dir) if ctx.is_main else None,
     )  # fmt: skip
-    inloop = _inloop_eval(cfg, tokenizer_dir, device)
+    inloop = inloop_evaluator(cfg, tokenizer_dir, device)
     start_tokens = plan.tokens_at(start_step)
     metrics.write({
         "kind": "event", "step": start_step, "tokens": start_tokens,
@@ -296,7 +216,7 @@ def _train(
         **({"world_size_changed": True} if resume_from is not None and rank_state is None else {}),
     })  # fmt: skip
     if ctx.is_main:
-        _write_run_manifest(
+        write_run_manifest(
             out_dir, cfg, identity, resume_from, start_step, world_size, device, precision.name
         )
     for warning in resume_warnings:
@@ -369,7 +289,7 @@ def _train(
     window_clipped = window_skipped = window_steps = 0
     window_time, window_wait, train_time, total_wait = 0.0, 0.0, 0.0, 0.0
     window_tokens = 0
-    last_log_loss = _last_logged_loss(out_dir) if start_step >= plan.steps else float("nan")
+    last_log_loss = last_logged_loss(out_dir) if start_step >= plan.steps else float("nan")
     last_val: float | None = None
     final: Path | None = None
     skipped_total = rollbacks = 0
@@ -498,15 +418,15 @@ def _train(
                     **({"batch_tokens": tokens_now - plan.tokens_at(step - 1)} if plan.units else {}),
                     "loss": last_log_loss if window_losses else None, "lr": lr,
                     "grad_norm": norm_value if math.isfinite(norm_value) else None,
-                    "grad_norm_clipped": _clipped_norm(norm_value, tc.grad_clip),
+                    "grad_norm_clipped": clipped_norm(norm_value, tc.grad_clip),
                     "clipped": bool(tc.grad_clip > 0 and norm_value > tc.grad_clip),
                     "clip_fraction": window_clipped / steps_in_window, "skipped": window_skipped,
                     "tokens_per_s": tps, "mfu": flops_tok * tps / peak_total if peak_total else None,
                     "stage": stage.name, "loader_wait_s": window_wait / steps_in_window,
                     "loader_wait_share": window_wait / max(window_time, 1e-9),
-                    "memory_mb": _memory_mb(device),
+                    "memory_mb": memory_mb(device),
                     **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
-                    **_by_source(train_sources, window_source_sums),
+                    **losses_by_source(train_sources, window_source_sums),
                     "elapsed_s": time.time() - started,
                 })  # fmt: skip
                 window_source_sums.zero_()
@@ -569,106 +489,3 @@ def _train(
     if ctx.is_main:
         write_json(out_dir / "summary.json", summary)
     return summary
-
-
-def _write_run_manifest(
-    out_dir: Path,
-    cfg: Config,
-    identity: dict[str, Any],
-    resume_from: Path | None,
-    start_step: int,
-    world_size: int,
-    device: torch.device,
-    precision: str,
-) -> None:
-    """out_dir/run.json: what this run is (config, data, tokenizer, code, environment, devices, seeds);
-    every resume appends where and how it continued."""
-    import platform
-
-    from smelt.manifest import code_version, library_versions
-
-    launch = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "from_step": start_step,
-        "checkpoint": str(resume_from) if resume_from is not None else None, "world_size": world_size,
-        "device": str(device), "precision": precision, "code": code_version(),
-        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        if device.type == "cuda" else [platform.processor() or platform.machine()],
-        "host": {"platform": platform.platform(), "cpus": os.cpu_count(), "hostname": platform.node()},
-    }  # fmt: skip
-    path = out_dir / "run.json"
-    if resume_from is not None and path.is_file():
-        manifest = json.loads(path.read_text())
-        manifest.setdefault("resumes", []).append(launch)
-    else:
-        config = cfg.to_dict()
-        manifest = {
-            "config": config, "config_hash": hash_json(config), **identity,
-            "libraries": library_versions(),
-            "seeds": {"run": cfg.run.seed, "rank_train": [rank_seed(cfg.run.seed, r, "train") for r in range(world_size)]},
-            "launch": launch,
-        }  # fmt: skip
-    write_json(path, manifest)
-
-
-def _last_logged_loss(out_dir: Path) -> float:
-    """The train loss of the last record already in metrics.jsonl (a run resumed at its end)."""
-    loss = float("nan")
-    path = out_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if record.get("kind") == "train" and record.get("loss") is not None:
-            loss = float(record["loss"])
-    return loss
-
-
-def _sinks(cfg: Config, out_dir: Path) -> list:
-    """TensorBoard and W&B writers the config asks for (rank 0 only)."""
-    from smelt.report.sinks import TensorBoardSink, WandbSink
-
-    sinks: list = []
-    if cfg.train.tensorboard:
-        sinks.append(TensorBoardSink(out_dir / "tensorboard"))
-    if cfg.train.wandb_project:
-        sinks.append(
-            WandbSink(
-                cfg.train.wandb_project, cfg.run.name, out_dir / "wandb", cfg.train.wandb_mode, cfg.to_dict()
-            )
-        )
-    return sinks
-
-
-def _inloop_eval(cfg: Config, tokenizer_dir: Path, device: torch.device) -> Any:
-    """Benchmark subsets scored during training when eval.every_steps is set (tasks read once, here)."""
-    if not cfg.eval.every_steps:
-        return None
-    from smelt.eval.inloop import InLoopEval
-
-    return InLoopEval(cfg, tokenizer_dir, device)
-
-
-def _by_source(sources: list[str], sums: torch.Tensor) -> dict[str, Any]:
-    """{"loss_by_source": {source: token-mean cross-entropy}} over a logging window (several sources only)."""
-    if len(sources) < 2:
-        return {}
-    return {"loss_by_source": {s: ce / n for s, (ce, n) in zip(sources, sums.tolist(), strict=True) if n > 0}}
-
-
-def _clipped_norm(norm: float, clip: float) -> float | None:
-    if not math.isfinite(norm):
-        return None
-    return min(norm, clip) if clip > 0 else norm
-
-
-def _memory_mb(device: torch.device) -> float | None:
-    """Peak accelerator memory on CUDA, else this process's peak RSS (what limits a CPU run)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    except ImportError:  # not on POSIX
-        return None
