@@ -34,6 +34,7 @@ from smelt.checkpoint.store import (
     prune_checkpoints,
     save_checkpoint,
     save_failed,
+    step_dir_name,
     write_rank_state,
 )
 
@@ -93,14 +94,16 @@ class Checkpointer:
     ) -> list[dict[str, Any]]:
         """Start (async) or do (sync) the save of `step`; returns events of saves that finished meanwhile."""
         events: list[dict[str, Any]] = []
-        if self.pending is not None:
-            waited = time.perf_counter()
-            events += self.wait()
+        backlog = self.pending is not None and not self.pending.done.done()
+        waited = time.perf_counter()
+        events += self.wait()
+        if backlog:
+            waited = time.perf_counter() - waited
             events.append({
                 "kind": "event", "step": step, "tokens": meta.get("tokens"), "event": "alert",
-                "alert": "checkpoint_backlog", "action": "wait", "value": time.perf_counter() - waited,
-                "threshold": 0.0, "message": f"the previous checkpoint was still being written at step {step}; "
-                f"waited {time.perf_counter() - waited:.2f} s (save less often or on faster storage)",
+                "alert": "checkpoint_backlog", "action": "wait", "value": waited, "threshold": 0.0,
+                "message": f"the previous checkpoint was still being written at step {step}; waited "
+                f"{waited:.2f} s (save less often or on faster storage)",
             })  # fmt: skip
         tokens = int(meta.get("tokens", 0))
         milestone = self.is_milestone(step, tokens, batch_tokens)
@@ -154,7 +157,7 @@ class Checkpointer:
         try:
             written.result()
             # Rank 0's write ends after DCP gathered every rank's write results, so all shards are on disk.
-            path = commit(tmp, step, meta) if _is_main() else self.dir / tmp.name.removeprefix(".tmp-")
+            path = commit(tmp, step, meta) if _is_main() else self.dir / step_dir_name(step)
         except SAVE_ERRORS as exc:
             if _is_main():
                 shutil.rmtree(tmp, ignore_errors=True)
