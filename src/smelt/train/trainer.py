@@ -440,7 +440,6 @@ def _train(
                 # FSDP gathers shards in every forward, so all ranks score; otherwise rank 0 alone.
                 scores = inloop(model, step)
                 metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, "inloop": True, **scores})
-                wrapped.train()
             if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint(step)
             watchdog.beat(step)
