@@ -2,9 +2,10 @@
 
 Usage: python bench/tokenizer.py [VOCAB]   (default 8192; the shared data at ../shared/data or $SMELT_SHARED_DATA)
 
-Figures: training MB/s (BPE on the whole corpus as the sample), encoding MB/s in one process with one
-Rust thread (per core) for the GPT-4 and GPT-2 pre-tokenization regexes and for `encode_batch` vs
-`encode_batch_fast` and smelt's tiktoken backend, and `smelt tokenize` end to end (documents -> shards) with 1 and all workers.
+Figures: training MB/s (BPE on the whole corpus as the sample), encoding MB/s in one process on one
+core for the GPT-4 and GPT-2 pre-tokenization regexes with Hugging Face's `encode_batch` and
+`encode_batch_fast`, smelt's compiled encoder (`native`, the default) and its tiktoken backend, and
+`smelt tokenize` end to end (documents -> shards) with 1 and all workers.
 """
 
 from __future__ import annotations
@@ -71,11 +72,13 @@ tokenizer = Tokenizer.load(tok_dir)
 inner = tokenizer.inner
 if pattern != "gpt4":  # same merges, another pre-tokenization regex
     inner.pre_tokenizer = build_tokenizer(pattern).pre_tokenizer
-if method == "tiktoken":  # smelt's default backend: NFC in Python, then tiktoken's BPE core
-    assert tokenizer.backend == "tiktoken"
-    encode = lambda batch, add_special_tokens: tokenizer.encode_batch(batch)  # noqa: E731
+if method in ("native", "tiktoken"):  # smelt's backends, each forced through $SMELT_TOKENIZER_BACKEND
+    os.environ["SMELT_TOKENIZER_BACKEND"] = method
+    assert tokenizer.backend == method, tokenizer.backend
+    encode = lambda batch, add_special_tokens: tokenizer.encode_flat(batch)  # noqa: E731
 else:
     encode = getattr(inner, method)
+encode(["warm up: load the compiled kernels"], add_special_tokens=False)
 started = time.perf_counter()
 for i in range(0, len(texts), 1024):
     encode(texts[i : i + 1024], add_special_tokens=False)
@@ -118,7 +121,12 @@ def main() -> None:
         "train_mb_per_s": round(stats["sample_bytes"] / 1e6 / train_s, 2),
     }
     for pattern in ("gpt4", "gpt2"):
-        for method in ("encode_batch", "encode_batch_fast", *(["tiktoken"] if pattern == "gpt4" else [])):
+        for method in (
+            "encode_batch",
+            "encode_batch_fast",
+            "native",
+            *(["tiktoken"] if pattern == "gpt4" else []),
+        ):
             figures[f"encode_mb_per_s_per_core_{pattern}_{method}"] = encode_one_core(
                 docs, root / "tok", pattern, method
             )

@@ -1,8 +1,8 @@
 """Documents -> token shards, in parallel, streaming and resumable per shard.
 
 The main process reads each source's parquet parts batch by batch (never the whole corpus) and hands
-the text batches to a pool of encoding processes (each encodes a batch with the Rust batch encoder and
-returns one packed token array); results come back in submission order and are packed into shards by
+the text batches to a pool of encoding processes (each encodes a batch with the tokenizer's fastest
+backend, smelt's compiled encoder by default, and returns one packed token array); results come back in submission order and are packed into shards by
 one `ShardWriter` per source, so the output is byte-identical whatever the number of workers or the
 batch size. At most a few batches per worker are in flight.
 
@@ -67,18 +67,17 @@ def encode_packed(
     tokenizer: Tokenizer, texts: list[str], eos: int, bos: int | None, dtype: np.dtype
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encode texts and pack them: one flat array of [BOS] tokens EOS per document, and the lengths."""
-    encoded = tokenizer.encode_batch(texts)
+    ids, counts = tokenizer.encode_flat(texts)
     extra = 2 if bos is not None else 1
-    lengths = np.fromiter((len(ids) + extra for ids in encoded), dtype=np.int64, count=len(encoded))
+    lengths = counts + extra
     ends = np.cumsum(lengths)
     flat = np.empty(int(ends[-1]) if len(ends) else 0, dtype=dtype)
     flat[ends - 1] = eos
     if bos is not None:
         flat[ends - lengths] = bos
-    position = 1 if bos is not None else 0
-    for ids, length in zip(encoded, lengths.tolist(), strict=True):
-        flat[position : position + len(ids)] = ids
-        position += length
+    # each document's ids land after its BOS: shift every id by the specials added before it
+    document = np.repeat(np.arange(len(counts)), counts)
+    flat[np.arange(len(ids)) + document * extra + (1 if bos is not None else 0)] = ids
     return flat, lengths
 
 
@@ -90,7 +89,7 @@ def _encode_in_worker(
 
 
 class _Inline(Executor):
-    """The single-worker path: encode in this process (the Rust encoder still uses its own threads)."""
+    """The single-worker path: encode in this process."""
 
     def __init__(self, tokenizer: Tokenizer):
         _WORKER["tokenizer"] = tokenizer
