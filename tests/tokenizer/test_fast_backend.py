@@ -96,8 +96,16 @@ def test_native_gpt2_pattern_matches_hf(real_documents, tmp_path, monkeypatch):
     assert native.encode_batch(texts) == slow.encode_batch(texts)
 
 
-def test_character_classes_follow_the_regex_engine():
+def test_character_classes_follow_the_regex_engine(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    char_classes.cache_clear()
     classes = char_classes()
+    assert len(list((tmp_path / "smelt").glob("char_classes-*.npy"))) == 1
+    char_classes.cache_clear()
+    assert np.array_equal(char_classes(), classes)  # read back from the cache directory
+    (next((tmp_path / "smelt").glob("char_classes-*.npy"))).write_bytes(b"torn")
+    char_classes.cache_clear()
+    assert np.array_equal(char_classes(), classes)  # an unreadable cache file is recomputed
     assert classes[ord("a")] == LETTER and classes[ord("ß")] == LETTER and classes[ord("中")] == LETTER
     assert classes[ord("7")] == NUMBER and classes[ord("½")] == NUMBER and classes[ord("Ⅻ")] == NUMBER
     assert classes[ord(" ")] == SPACE and classes[0x3000] == SPACE and classes[0x85] == SPACE

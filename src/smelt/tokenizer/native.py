@@ -18,10 +18,12 @@ each piece from one class lookup per character, which is where the speed comes f
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 import unicodedata
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +38,33 @@ _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed 64-bit integer:
 
 @functools.lru_cache(maxsize=1)
 def char_classes() -> np.ndarray:
-    """The class of every code point (uint8, 0x110000 entries) as Oniguruma sees \\p{L}, \\p{N}, \\s."""
+    """The class of every code point (uint8, 0x110000 entries) as Oniguruma sees \\p{L}, \\p{N}, \\s.
+
+    Computing it takes most of a second, which every encoding process would pay, so it is kept in the
+    user's cache directory per `tokenizers` version (written atomically, recomputed if unreadable)."""
+    import tokenizers
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "smelt"
+    path = cache / f"char_classes-tokenizers-{tokenizers.__version__}.npy"
+    try:
+        classes = np.load(path)
+        if classes.shape == (0x110000,) and classes.dtype == np.uint8:
+            return classes
+    except (OSError, ValueError):
+        pass
+    classes = _compute_char_classes()
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(partial, "wb") as handle:
+            np.save(handle, classes)
+        os.replace(partial, path)
+    except OSError:  # a read-only home: compute it each time
+        pass
+    return classes
+
+
+def _compute_char_classes() -> np.ndarray:
     from tokenizers import Regex, normalizers
 
     codepoints = np.arange(0x110000, dtype=np.uint32)
