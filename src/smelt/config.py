@@ -327,6 +327,9 @@ SHARD_KEYS = ("shard_tokens", "bos")
 class TokensConfig:
     shard_tokens: int = _opt(100_000_000, range=(1_000, 10**11), help="tokens per shard file")
     batch_docs: int = _opt(1024, range=(1, 10**7), help="documents encoded per batch")
+    batch_bytes: int = _opt(
+        2_000_000, range=(1, 10**10), help="text bytes per batch at most (keeps the encoding processes even)"
+    )
     workers: int = _opt(0, range=(0, 1024), help="encoding processes (0: one per CPU core)")
     bos: bool = _opt(False, help="also put BOS before each document (EOS always follows it)")
     mixture: dict = _opt({}, help="weight per source, normalized (empty: natural proportions by tokens)")
@@ -348,7 +351,7 @@ class TokensConfig:
 
     def loader_settings(self) -> dict[str, Any]:
         """The keys only the training loader reads: part of the train stage's cache key."""
-        skip = {*SHARD_KEYS, "batch_docs", "workers"}
+        skip = {*SHARD_KEYS, "batch_docs", "batch_bytes", "workers"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 

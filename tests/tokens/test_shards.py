@@ -193,7 +193,9 @@ def _tree(root: Path) -> dict[str, bytes]:
 def test_parallel_output_is_byte_identical_to_serial(tmp_path, documents, tokenizer_dir):
     cfg = TokensConfig(shard_tokens=70, batch_docs=3)
     serial = tokenize(cfg, documents, tokenizer_dir, tmp_path / "serial", workers=1)
-    parallel = tokenize(cfg, documents, tokenizer_dir, tmp_path / "parallel", workers=2)
+    # batches cut by bytes (down to one document each) are sent as compact copies of their slice
+    by_bytes = TokensConfig(shard_tokens=70, batch_docs=1000, batch_bytes=40)
+    parallel = tokenize(by_bytes, documents, tokenizer_dir, tmp_path / "parallel", workers=2)
     assert serial["workers"] == 1 and parallel["workers"] == 2
     assert _tree(tmp_path / "serial") == _tree(tmp_path / "parallel")
     manifest = json.loads((tmp_path / "parallel" / "shards.json").read_text())
@@ -285,3 +287,21 @@ def test_missing_or_corrupt_shard_at_read_time(tmp_path, documents, tokenizer_di
     (out / "shards.json").unlink()
     with pytest.raises(UserError, match=r"incomplete: shards.json is missing.*smelt tokenize CONFIG"):
         ShardSet(out, "train")
+
+
+def test_byte_batches_are_compact_slices():
+    import pickle
+
+    import pyarrow as pa
+
+    from smelt.tokens.tokenize import _split_by_bytes
+
+    column = pa.array(["x" * 100] * 9 + ["y" * 1000])
+    sizes = np.array([100] * 9 + [1000], dtype=np.int64)
+    batches = list(_split_by_bytes(column, sizes, 250))
+    assert [len(b) for b, _ in batches] == [2, 2, 2, 2, 1, 1]  # a document over the limit goes alone
+    assert [s.sum() for _, s in batches] == [200, 200, 200, 200, 100, 1000]
+    assert all(len(pickle.dumps(b)) < 2 * 1000 for b, _ in batches)  # not the whole parent buffer
+    assert pa.concat_arrays([b for b, _ in batches]).equals(column)
+    whole = list(_split_by_bytes(column, sizes, 10**6))
+    assert len(whole) == 1 and whole[0][0] is column

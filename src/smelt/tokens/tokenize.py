@@ -176,9 +176,10 @@ def _finished_shards(directory: Path, key: str, itemsize: int) -> list[dict[str,
 
 
 def _batches(
-    files: list[Path], parts: list[pq.ParquetFile], skip: int, batch_docs: int
+    files: list[Path], parts: list[pq.ParquetFile], skip: int, batch_docs: int, batch_bytes: int
 ) -> Iterator[tuple[pa.Array, np.ndarray]]:
-    """Text batches of a source after its first `skip` documents, with each document's UTF-8 size."""
+    """Text batches of a source after its first `skip` documents, with each document's UTF-8 size;
+    a batch holds at most `batch_docs` documents and, past its first document, `batch_bytes` of text."""
     for path, part in zip(files, parts, strict=True):
         rows = part.metadata.num_rows
         if skip >= rows:
@@ -194,7 +195,7 @@ def _batches(
                     column = column.slice(skip)
                     skip = 0
                 sizes = pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
-                yield column, sizes.astype(np.int64)
+                yield from _split_by_bytes(column, sizes.astype(np.int64), batch_bytes)
         except UserError:
             raise
         except Exception as exc:
@@ -247,7 +248,9 @@ def tokenize(
         path: open_part(path) for sources in layout.values() for files in sources.values() for path in files
     }
     total_docs = sum(f.metadata.num_rows for f in opened.values())
-    n_workers = workers if workers is not None else resolve_workers(cfg, -(-total_docs // cfg.batch_docs))
+    total_bytes = sum(_text_bytes(f) for f in opened.values())
+    batches = max(-(-total_docs // cfg.batch_docs), -(-total_bytes // cfg.batch_bytes))
+    n_workers = workers if workers is not None else resolve_workers(cfg, batches)
     n_workers = max(1, n_workers)
     if n_workers > 1:
         pool: Executor = ProcessPoolExecutor(
@@ -278,7 +281,7 @@ def tokenize(
                 _encode_source(
                     pool,
                     n_workers,
-                    _batches(files, parts, skip, cfg.batch_docs),
+                    _batches(files, parts, skip, cfg.batch_docs, cfg.batch_bytes),
                     writer,
                     eos,
                     bos,
@@ -329,6 +332,30 @@ def tokenize(
         f"{n_workers} worker(s)" + (f", {resumed} shard(s) kept from an earlier run" if resumed else "")
     )
     return result
+
+
+def _text_bytes(part: pq.ParquetFile) -> int:
+    """The text column's uncompressed size from the part's footer: about its UTF-8 bytes."""
+    meta = part.metadata
+    return sum(
+        meta.row_group(g).column(c).total_uncompressed_size
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+        if meta.row_group(g).column(c).path_in_schema == "text"
+    )
+
+
+def _split_by_bytes(
+    column: pa.Array, sizes: np.ndarray, batch_bytes: int
+) -> Iterator[tuple[pa.Array, np.ndarray]]:
+    start = 0
+    while start < len(sizes):
+        ends = np.cumsum(sizes[start:])
+        stop = start + max(1, int(np.searchsorted(ends, batch_bytes, side="right")))
+        part = column if (start, stop) == (0, len(sizes)) else column.slice(start, stop - start)
+        # a slice would be pickled to the encoding process with its parent's whole buffers: copy it
+        yield (pa.concat_arrays([part]) if part is not column else part), sizes[start:stop]
+        start = stop
 
 
 def _encode_source(pool: Executor, workers: int, batches, writer: ShardWriter, eos, bos, dtype, bar) -> None:
