@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pilot checks instead of training: step-0 loss ~ ln V, every parameter gets a "
                     "gradient, a fixed batch overfits, two same-seed runs are identical",
                 )
+            if name in ("train", "run"):
                 p.add_argument(
                     "--max-restarts",
                     type=int,
@@ -353,7 +354,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = load_config(QUICKSTART_CONFIG, overrides)
         return _run_all(cfg, args.force, STAGES)
     if command == "run":
-        return _run_all(load_config(args.config, args.overrides), args.force, STAGES)
+        cfg = load_config(args.config, args.overrides)
+        if args.max_restarts:
+            return _run_supervised(cfg, args)
+        return _run_all(cfg, args.force, STAGES)
     if command == "eval":
         cfg = _config_for_run(args.run, args.overrides)
         if args.tasks_dir is not None:
@@ -520,6 +524,17 @@ def _eval_checkpoint(cfg: Config, checkpoint: str, tasks: str | None, limit: int
         print()
     print(f"written: {cfg.run_dir / 'eval'} (step files, curves.jsonl, gallery.json)")
     return 0
+
+
+def _run_supervised(cfg: Config, args: argparse.Namespace) -> int:
+    """`smelt run --max-restarts N`: the stages before training here, training as a supervised child
+    (relaunched from its latest checkpoint after a crash), then the rest, which finds training done."""
+    from smelt.pipeline import STAGES, run_pipeline
+    from smelt.train.supervise import run_supervised
+
+    run_pipeline(cfg, STAGES[: STAGES.index("train")], force=args.force)
+    code = run_supervised(args)
+    return code if code else _run_all(cfg, False, STAGES)
 
 
 def _run_all(cfg: Config, force: bool, stages: tuple[str, ...]) -> int:

@@ -129,3 +129,53 @@ def test_cli_supervised_train_without_inputs_stops_on_bad_input(tmp_path, capsys
     (log,) = (tmp_path / "runs").glob("*/restarts.jsonl")
     assert [e["event"] for e in events(log)] == ["launch", "exit", "stopped"]
     assert events(log)[1]["exit_code"] == 2
+
+
+def _train_children(config: Path) -> list[int]:
+    """Pids of running `smelt train CONFIG` processes (the supervisor's children)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"smelt.cli" in argv and b"train" in argv and str(config).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="finds the child through /proc")
+def test_smelt_run_with_max_restarts_survives_a_killed_training_child(tmp_path):
+    import subprocess
+
+    from smelt.cli import QUICKSTART_CONFIG
+
+    from ..test_pipeline_e2e import TINY
+
+    config = tmp_path / "pipeline.toml"
+    config.write_text(Path(QUICKSTART_CONFIG).read_text())
+    settings = [*TINY, "train.tokens=81920", "checkpoint.every_steps=4", f"run.dir='{tmp_path / 'runs'}'"]
+    argv = [sys.executable, "-m", "smelt.cli", "run", str(config), "--max-restarts", "2"]
+    argv += ["--restart-backoff", "0", *[arg for s in settings for arg in ("--set", s)]]
+    env = {**os.environ, "SMELT_QUIET": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    killed = None
+    while killed is None and run.poll() is None and time.monotonic() < deadline:
+        committed = list((tmp_path / "runs").glob("*/train/checkpoints/step_*/COMMITTED"))
+        children = _train_children(config)
+        if committed and children:
+            killed = children[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.05)
+    out, err = run.communicate(timeout=900)
+    assert killed is not None, err[-3000:]
+    assert run.returncode == 0, err[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    log = events(run_dir / "restarts.jsonl")
+    assert [e["event"] for e in log] == ["launch", "exit", "restart", "launch", "exit", "done"]
+    assert "SIGKILL" in log[1]["reason"] and log[3]["resume_step"] >= 4
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["train_tokens"] == 81920 and 0 < summary["val_bits_per_byte"] < 8
+    assert (run_dir / "eval" / "manifest.json").is_file() and "report" in out
