@@ -438,7 +438,9 @@ def _train(
                 last_val = run_eval(step)
             if inloop is not None and inloop.due(step) and (sharded or ctx.is_main):
                 # FSDP gathers shards in every forward, so all ranks score; otherwise rank 0 alone.
-                scores = inloop(model, step)
+                # At the training precision, as the validation loss is; log-probs are taken in fp32.
+                with precision.autocast():
+                    scores = inloop(model, step)
                 metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, "inloop": True, **scores})
             if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint(step)
