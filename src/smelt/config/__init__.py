@@ -1,0 +1,545 @@
+"""Typed pipeline configuration: TOML files, `--set a.b=c` overrides, validation with helpful errors.
+
+A pipeline is one TOML file with the sections `[run]`, `[data]`, `[tokenizer]`, `[tokens]`,
+`[model]`, `[train]`, `[checkpoint]` and `[eval]`. Every section is a dataclass (those of `[data]` are
+in `smelt.config.data`); field metadata carries the allowed range or choices, so that an out-of-range
+value names the range and an unknown key names the closest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from smelt.config.data import (  # noqa: F401  (smelt.config is where every section is imported from)
+    C4Config,
+    CodeFilterConfig,
+    DataConfig,
+    DecontamConfig,
+    EvalSetConfig,
+    FineWebConfig,
+    GopherQualityConfig,
+    GopherRepetitionConfig,
+    LangIdConfig,
+    LineDedupConfig,
+    NearDedupConfig,
+    PiiConfig,
+    QualityConfig,
+    SourceConfig,
+    UrlFilterConfig,
+)
+from smelt.config.fields import option
+from smelt.errors import ConfigError
+from smelt.model.presets import MODEL_PRESETS
+
+
+@dataclass
+class RunConfig:
+    name: str = option("run", help="run directory name under `dir`")
+    dir: str = option("runs", help="parent directory of run directories")
+    seed: int = option(1337, range=(0, 2**32 - 1), help="seed every stage derives its randomness from")
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = option(8192, range=(1, 1_048_576), help="BPE vocabulary incl. special tokens")
+    pad_to_multiple: int = option(128, range=(1, 4096), help="embedding rows padded to a multiple of this")
+    special_tokens: list[str] = option(
+        ["<|bos|>", "<|eos|>", "<|pad|>"], help="special tokens; the first three are bos, eos, pad"
+    )
+    sample_bytes: int = option(50_000_000, range=(1_000, 10**13), help="training-sample byte budget")
+    min_frequency: int = option(2, range=(1, 10**9), help="minimum pair count for a merge")
+    pattern: str = option("gpt4", help="pre-tokenization regex: `gpt4`, `gpt2`, or a regex")
+    fim_tokens: bool = option(True, help="add <|fim_prefix|>, <|fim_middle|>, <|fim_suffix|> special tokens")
+    chat_tokens: bool = option(
+        True, help="add chat-role special tokens (<|system|>, <|user|>, <|assistant|>, ...)"
+    )
+    spare_tokens: int = option(64, range=(0, 1_000_000), help="reserved special tokens kept free (at least)")
+    source_alpha: float = option(
+        1.0, range=(0.0, 1.0), help="sample temperature on source sizes (1: proportional, 0: uniform)"
+    )
+    lang_alpha: float = option(
+        0.3, range=(0.0, 1.0), help="sample temperature on language sizes within a source (lang column)"
+    )
+    source_weights: dict = option({}, help="extra sample weight per source name (default 1)")
+    lang_weights: dict = option({}, help="extra sample weight per language code (default 1)")
+
+
+@dataclass
+class StageConfig:
+    name: str = option("", help="stage name for logs and metrics (empty: stage<N>)")
+    tokens: int = option(0, range=(0, 10**15), help="this stage's training tokens (or set fraction)")
+    fraction: float = option(0.0, range=(0.0, 1.0), help="this stage's share of train.tokens (or set tokens)")
+    mixture: dict = option({}, help="source weights in this stage (empty: tokens.mixture / tokens.epochs)")
+
+
+# The [tokens] keys that decide the shards (tokenize) and the ones that only decide the loader (train).
+SHARD_KEYS = ("shard_tokens", "bos")
+
+
+@dataclass
+class TokensConfig:
+    shard_tokens: int = option(100_000_000, range=(1_000, 10**11), help="tokens per shard file")
+    batch_docs: int = option(1024, range=(1, 10**7), help="documents encoded per batch")
+    batch_bytes: int = option(
+        2_000_000, range=(1, 10**10), help="text bytes per batch at most (keeps the encoding processes even)"
+    )
+    workers: int = option(0, range=(0, 1024), help="encoding processes (0: one per CPU core)")
+    bos: bool = option(False, help="also put BOS before each document (EOS always follows it)")
+    mixture: dict = option({}, help="weight per source, normalized (empty: natural proportions by tokens)")
+    epochs: dict = option({}, help="epoch multiplier per source, e.g. {wiki = 6.0} (instead of mixture)")
+    allow_repeat: bool = option(False, help="let a source run past one epoch (otherwise an error)")
+    stages: list[StageConfig] = option([], help="[[tokens.stages]] curriculum (empty: one stage)")
+    fim_rate: float = option(0.0, range=(0.0, 1.0), help="share of code documents turned fill-in-the-middle")
+    fim_spm_rate: float = option(0.5, range=(0.0, 1.0), help="share of FIM documents in SPM (else PSM) order")
+    fim_sources: list[str] = option([], help="sources that get FIM (empty: data.sources with code = true)")
+    mixture_window: int = option(1000, range=(1, 10**9), help="sequences per realized-mixture metric")
+    drift_tolerance: float = option(
+        0.015, range=(0.0, 1.0), help="realized-minus-target share that raises a mixture_drift alert"
+    )
+    prefetch: int = option(2, range=(0, 1024), help="steps the loader prepares ahead in a thread (0: none)")
+
+    def shard_settings(self) -> dict[str, Any]:
+        """The keys the token shards depend on: the tokenize stage's cache key."""
+        return {key: getattr(self, key) for key in SHARD_KEYS}
+
+    def loader_settings(self) -> dict[str, Any]:
+        """The keys only the training loader reads: part of the train stage's cache key."""
+        skip = {*SHARD_KEYS, "batch_docs", "batch_bytes", "workers"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
+
+
+@dataclass
+class ModelConfig:
+    preset: str = option("", help="named shape; any key below overrides it")
+    d_model: int = option(256, range=(8, 65536))
+    n_layers: int = option(4, range=(1, 1024))
+    n_heads: int = option(4, range=(1, 1024))
+    n_kv_heads: int = option(0, range=(0, 1024), help="key/value heads for GQA (0: n_heads)")
+    d_ff: int = option(0, range=(0, 10**6), help="SwiGLU hidden size (0: 8/3 d rounded)")
+    rope_theta: float = option(10_000.0, range=(1.0, 1e9))
+    norm_eps: float = option(1e-5, range=(1e-12, 1e-1))
+    qk_norm: bool = option(False, help="RMSNorm on queries and keys per head")
+    tie_embeddings: bool = option(True)
+    init_std: float = option(0.02, range=(1e-6, 1.0))
+    max_seq_len: int = option(1024, range=(8, 10**7))
+    rope_fraction: float = option(
+        1.0, range=(0.0, 1.0), help="share of each head's dims that RoPE rotates (0: no RoPE anywhere)"
+    )
+    nope_every: int = option(0, range=(0, 1024), help="every k-th layer (k, 2k, ...) uses no RoPE (0: none)")
+    z_loss: float = option(0.0, range=(0.0, 1.0), help="z-loss coefficient on log^2 Z (0: off; 1e-4 typical)")
+    head_init_std: float = option(
+        0.0,
+        range=(0.0, 1.0),
+        help="LM head init std, also the tied embedding's (0: tied min(init_std, 0.32/sqrt(d)), untied min(init_std, 1/d))",
+    )
+    activation_checkpointing: bool = option(False, help="recompute each block in the backward pass")
+    attention: str = option(
+        "auto",
+        choices=("auto", "sdpa", "flex"),
+        help="document-masked attention kernel: flex (BlockMask), sdpa (dense mask); auto: flex on CUDA",
+    )
+
+
+@dataclass
+class TrainConfig:
+    seq_len: int = option(256, range=(8, 10**7))
+    micro_batch: int = option(16, range=(1, 10**6), help="sequences per forward/backward per process")
+    batch_tokens: int = option(
+        0, range=(0, 10**10), help="global batch in tokens (0: seq_len x micro_batch x world size)"
+    )
+    tokens: int = option(10_000_000, range=(1, 10**15), help="total training tokens")
+    batch_ramp_tokens: int = option(
+        0, range=(0, 10**15), help="grow the batch linearly over this many tokens (0: no ramp)"
+    )
+    batch_ramp_start: int = option(
+        0,
+        range=(0, 10**10),
+        help="starting global batch in tokens of a ramp (0: seq_len x micro_batch x world)",
+    )
+    lr: float = option(3e-3, range=(0.0, 10.0))
+    min_lr_ratio: float = option(0.1, range=(0.0, 1.0), help="cosine floor as a fraction of lr")
+    warmup_tokens: int = option(0, range=(0, 10**15), help="linear warmup (0: 2% of tokens)")
+    weight_decay: float = option(0.1, range=(0.0, 10.0))
+    beta1: float = option(0.9, range=(0.0, 1.0))
+    beta2: float = option(0.95, range=(0.0, 1.0))
+    eps: float = option(1e-8, range=(0.0, 1.0))
+    grad_clip: float = option(1.0, range=(0.0, 1e6), help="global-norm clip (0: off)")
+    precision: str = option(
+        "auto",
+        choices=("auto", "bf16", "fp16", "fp32"),
+        help="auto: bf16 autocast where the hardware has it, else fp32",
+    )
+    device: str = option("auto", help="auto, cpu, cuda or cuda:N")
+    threads: int = option(0, range=(0, 1024), help="CPU threads for torch (0: one per core)")
+    compile: bool = option(False, help="torch.compile the model")
+    log_every: int = option(10, range=(1, 10**9), help="steps between train-metric lines")
+    eval_every: int = option(100, range=(0, 10**9), help="steps between validation losses (0: end only)")
+    eval_tokens: int = option(65_536, range=(0, 10**12), help="validation tokens per periodic evaluation")
+    doc_masking: bool = option(
+        True, help="attend only within each document of a packed sequence; positions restart per document"
+    )
+    parallel: str = option(
+        "ddp", choices=("ddp", "fsdp"), help="data parallelism under torchrun: DDP or FSDP2 (fully_shard)"
+    )
+    schedule: str = option(
+        "cosine",
+        choices=("cosine", "wsd", "constant", "multistep"),
+        help="LR after warmup: cosine to the floor, warmup-stable-decay, constant, or step drops",
+    )
+    decay_fraction: float = option(0.2, range=(0.0, 1.0), help="wsd: share of the steps spent decaying")
+    decay_shape: str = option("1-sqrt", choices=("linear", "cosine", "1-sqrt"), help="wsd: decay curve")
+    decay_start_step: int = option(
+        0, range=(0, 10**12), help="wsd: start the decay at this step (0: from decay_fraction); a branch run"
+    )
+    milestones: list[float] = option(
+        [0.8, 0.9], help="multistep: fractions of the run where the LR is multiplied by step_gamma"
+    )
+    step_gamma: float = option(0.316, range=(0.0, 1.0), help="multistep: LR factor at each milestone")
+    rewarmup_tokens: int = option(
+        0, range=(0, 10**15), help="linear re-warmup at each curriculum stage boundary (0: none)"
+    )
+    optimizer: str = option(
+        "adamw", choices=("adamw", "muon"), help="muon: Muon for 2-D hidden matrices, AdamW for the rest"
+    )
+    muon_lr: float = option(0.02, range=(0.0, 10.0), help="Muon's LR (its updates are orthogonalised)")
+    on_nonfinite: str = option(
+        "skip", choices=("log", "skip", "rollback", "stop"), help="action on a NaN/Inf loss or gradient"
+    )
+    on_loss_spike: str = option(
+        "log",
+        choices=("log", "skip", "rollback", "stop"),
+        help="action on a loss > loss_spike_std above mean",
+    )
+    on_grad_spike: str = option(
+        "skip",
+        choices=("log", "skip", "rollback", "stop"),
+        help="action on a grad norm > grad_spike_factor x its trailing median",
+    )
+    loss_spike_std: float = option(5.0, range=(0.0, 1e6), help="loss alert: rolling standard deviations")
+    grad_alert_factor: float = option(3.0, range=(1.0, 1e6), help="grad-norm alert (log only) x median")
+    grad_spike_factor: float = option(5.0, range=(1.0, 1e6), help="grad-norm spike (action) x median")
+    alert_window: int = option(100, range=(2, 10**7), help="steps of history for the alert statistics")
+    alert_min_history: int = option(
+        20, range=(1, 10**7), help="applied steps after warmup before spike alerts start"
+    )
+    max_consecutive_skips: int = option(
+        5, range=(1, 10**7), help="stop the run after this many skipped steps in a row"
+    )
+    monitor_every: int = option(
+        0, range=(0, 10**9), help="steps between per-layer update/weight ratios and norms (0: off)"
+    )
+    tensorboard: bool = option(False, help="also write metrics to TensorBoard under RUN/train/tensorboard")
+    wandb_project: str = option("", help="also log metrics to this W&B project (empty: off)")
+    wandb_mode: str = option(
+        "offline", choices=("offline", "online"), help="offline: sync later with `wandb sync`"
+    )
+    watchdog_s: float = option(
+        0.0, range=(0.0, 1e7),
+        help="end the run (exit 124, every thread's stack in RUN/train/watchdog.log) when no step, eval or "
+        "save finishes for this many seconds (0: off)",
+    )  # fmt: skip
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = option(0, range=(0, 10**9), help="steps between checkpoints (0: final only)")
+    keep_last: int = option(2, range=(1, 10**6), help="checkpoints kept besides the final one")
+    async_save: bool = option(True, help="snapshot to host memory, write in the background")
+    milestone_every_steps: int = option(0, range=(0, 10**9), help="keep every N-th step's checkpoint forever")
+    milestone_every_tokens: int = option(
+        0, range=(0, 10**18), help="keep a checkpoint every X tokens forever"
+    )
+
+
+@dataclass
+class EvalConfig:
+    max_bytes: int = option(0, range=(0, 10**13), help="held-out bytes to score (0: all)")
+    batch_size: int = option(8, range=(1, 10**5))
+    prompts: list[str] = option(["def ", "import ", "class "], help="fixed prompts for samples")
+    max_new_tokens: int = option(48, range=(1, 10**6))
+    temperature: float = option(0.8, range=(0.0, 100.0), help="0: greedy")
+    top_k: int = option(40, range=(0, 10**7), help="0: no top-k cut")
+    tasks: list[str] = option(
+        ["arc_easy", "hellaswag", "copa", "winogrande", "lambada"],
+        help="benchmark tasks scored at each checkpoint (see docs/evaluation.md; [] : held-out loss only)",
+    )
+    tasks_dir: str = option(
+        "", help="benchmark files (empty: $SMELT_SHARED_DATA/eval or ../shared/data/eval)"
+    )
+    limit: int = option(60, range=(0, 10**9), help="items per task, a fixed seeded subset (0: all)")
+    shots: int = option(-1, range=(-1, 100), help="few-shot examples per prompt (-1: each task's default)")
+    overlong: str = option(
+        "skip", choices=("error", "skip"), help="an item longer than the context: skip and count it, or stop"
+    )
+    gallery_tokens: int = option(
+        48, range=(0, 10**6), help="greedy tokens per gallery prompt (0: no gallery)"
+    )
+    every_steps: int = option(0, range=(0, 10**9), help="in-loop task evaluation every N steps (0: off)")
+    inloop_items: int = option(100, range=(1, 10**9), help="items per task scored in the loop")
+    inloop_tasks: list[str] = option(
+        [], help="tasks scored in the loop (empty: `tasks` minus generative ones)"
+    )
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    tokens: TokensConfig = field(default_factory=TokensConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.dir) / self.run.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def section_hash(self, *sections: str) -> str:
+        return hash_json({name: dataclasses.asdict(getattr(self, name)) for name in sections})
+
+
+def hash_json(value: Any) -> str:
+    """sha256 of the canonical JSON of a value: the hash of a resolved config."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading and validation
+
+
+def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a TOML file (or only defaults when `path` is None), apply `a.b=c` overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist. Pass the path of a TOML pipeline file, "
+                f"for example configs/quickstart.toml."
+            )
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config file {str(path)!r} is not valid TOML: {exc}. Fix the syntax.") from exc
+    for item in overrides:
+        apply_override(raw, item)
+    return config_from_dict(raw, origin=str(path) if path else "<defaults>")
+
+
+def config_from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
+    raw = json.loads(json.dumps(raw))  # deep copy; TOML values are JSON values
+    model = raw.get("model")
+    if isinstance(model, dict) and model.get("preset"):
+        name = model["preset"]
+        if name not in MODEL_PRESETS:
+            raise ConfigError(
+                f"{origin}: model.preset = {name!r} is not a known preset{_suggest(name, MODEL_PRESETS)}. "
+                f"Known presets: {', '.join(MODEL_PRESETS)}."
+            )
+        raw["model"] = {**MODEL_PRESETS[name], **model}
+    cfg = _build(Config, raw, "", origin)
+    _check_cross_fields(cfg, origin)
+    return cfg
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one `section.key=value` override; the value is read as TOML, else taken as a string."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} has no '='. Write it as section.key=value, e.g. train.lr=1e-3.")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    if len(parts) < 2 or not all(parts):
+        raise ConfigError(f"override key {key!r} must name a section and a key, e.g. train.lr=1e-3.")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    node = raw
+    for part in parts[:-1]:
+        if part.isdigit() and isinstance(node, list):
+            index = int(part)
+            if index >= len(node):
+                raise ConfigError(
+                    f"override {item!r}: index {index} is past the end of the list ({len(node)})."
+                )
+            node = node[index]
+            continue
+        node = node.setdefault(part, {})
+        if not isinstance(node, (dict, list)):
+            raise ConfigError(f"override {item!r}: {part!r} is a value, not a section.")
+    node[parts[-1]] = value
+
+
+def _suggest(name: str, options: typing.Iterable[str]) -> str:
+    options = list(options)
+    # A typo usually keeps the real key as a prefix (`lr_typo`, `seq_length`); prefer the longest such key.
+    prefixed = [o for o in options if name.startswith(o) and len(o) >= 2]
+    close = sorted(prefixed, key=len, reverse=True) or difflib.get_close_matches(
+        name, options, n=1, cutoff=0.5
+    )
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _build(cls: type, raw: Any, prefix: str, origin: str) -> Any:
+    where = prefix.rstrip(".") or "the top level"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: {where} must be a table, got {type(raw).__name__}.")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(
+                f"{origin}: unknown key {prefix}{key}{_suggest(key, fields)}. "
+                f"Valid keys in {where}: {', '.join(fields)}."
+            )
+    values = {}
+    for name, f in fields.items():
+        if name not in raw:
+            continue
+        values[name] = _coerce(hints[name], raw[name], f"{prefix}{name}", f.metadata, origin)
+    return cls(**values)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a table"
+    return {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        dict: "a table",
+    }.get(tp, str(tp))
+
+
+def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) -> Any:
+    def wrong() -> ConfigError:
+        return ConfigError(
+            f"{origin}: {key} must be {_type_name(tp)}, got {value!r} ({type(value).__name__}). "
+            f"Fix the value in the config or the --set override."
+        )
+
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".", origin)
+    if typing.get_origin(tp) is list:
+        (item_tp,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise wrong()
+        return [_coerce(item_tp, v, f"{key}[{i}]", {}, origin) for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise wrong()
+    elif tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            else:
+                raise wrong()
+    elif tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise wrong()
+        value = float(value)
+    elif tp is str:
+        if not isinstance(value, str):
+            raise wrong()
+    elif tp is dict:
+        if not isinstance(value, dict):
+            raise wrong()
+    lo_hi = meta.get("range") if meta else None
+    if lo_hi is not None and not (lo_hi[0] <= value <= lo_hi[1]):
+        raise ConfigError(
+            f"{origin}: {key} = {value!r} is out of range; it must lie in [{_num(lo_hi[0])}, {_num(lo_hi[1])}]."
+        )
+    choices = meta.get("choices") if meta else None
+    if choices is not None and value not in choices:
+        raise ConfigError(
+            f"{origin}: {key} = {value!r} is not one of {', '.join(map(repr, choices))}"
+            f"{_suggest(str(value), choices)}."
+        )
+    return value
+
+
+def _num(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _check_cross_fields(cfg: Config, origin: str) -> None:
+    m = cfg.model
+    kv = m.n_kv_heads or m.n_heads
+    if m.d_model % m.n_heads:
+        raise ConfigError(
+            f"{origin}: model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})."
+        )
+    if m.n_heads % kv:
+        raise ConfigError(
+            f"{origin}: model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({kv}) for GQA."
+        )
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError(f"{origin}: the head dimension d_model / n_heads must be even for RoPE.")
+    if cfg.train.seq_len > m.max_seq_len:
+        raise ConfigError(
+            f"{origin}: train.seq_len ({cfg.train.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); "
+            f"raise model.max_seq_len or lower train.seq_len."
+        )
+    if cfg.data.min_chars > cfg.data.max_chars:
+        raise ConfigError(f"{origin}: data.min_chars ({cfg.data.min_chars}) exceeds data.max_chars.")
+    names = [s.name for s in cfg.data.sources]
+    for i, source in enumerate(cfg.data.sources):
+        if not source.name:
+            raise ConfigError(f"{origin}: data.sources[{i}].name is empty; give every source a name.")
+        if not source.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(
+                f"{origin}: data.sources[{i}].name = {source.name!r} must use letters, digits, - and _ only "
+                f"(it becomes a directory name)."
+            )
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"{origin}: data.sources names must be unique; repeated: {', '.join(dupes)}.")
+    t = cfg.tokenizer
+    if len(t.special_tokens) < 3:
+        raise ConfigError(f"{origin}: tokenizer.special_tokens needs at least bos, eos and pad.")
+    if len(set(t.special_tokens)) != len(t.special_tokens):
+        raise ConfigError(f"{origin}: tokenizer.special_tokens repeats a token; list each once.")
+    specials = len(t.special_tokens) + 3 * t.fim_tokens + 5 * t.chat_tokens + t.spare_tokens
+    smallest = 256 + specials
+    if t.vocab_size < smallest:
+        raise ConfigError(
+            f"{origin}: tokenizer.vocab_size = {t.vocab_size} is too small: a byte-level BPE needs 256 byte "
+            f"tokens plus {specials} special and spare tokens (special_tokens, fim_tokens, chat_tokens, "
+            f"spare_tokens). Set tokenizer.vocab_size >= {smallest}, or reserve fewer special tokens."
+        )
+
+
+def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) for every key: the reference printed by `smelt config --help`-style output."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        tp = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows += describe(tp, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        rows.append((prefix + f.name, json.dumps(default), f.metadata.get("help", "")))
+    return rows
