@@ -13,10 +13,10 @@ import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from smelt.config import Config, load_config
 from smelt.errors import UserError
+from smelt.summary import eval_rows, flat, print_summary, print_table, summarize
 
 # (command, --help line, description) of the subcommands that take a pipeline file.
 CONFIG_COMMANDS = [
@@ -345,7 +345,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if command == "plan":
         from smelt.model.plan import describe_preset
 
-        _print_table(describe_preset(args.preset, seq_len=args.seq_len, vocab_size=args.vocab_size))
+        print_table(describe_preset(args.preset, seq_len=args.seq_len, vocab_size=args.vocab_size))
         return 0
     if command == "quickstart":
         overrides = list(args.overrides)
@@ -368,7 +368,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         outcome = run_stage(cfg, "eval", force=args.force)
         write_views(cfg.run_dir / "eval")
-        _print_table(_eval_rows(outcome.result))
+        print_table(eval_rows(outcome.result))
         return 0
     if command == "train" and args.check:
         return _train_check(args)
@@ -389,7 +389,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(retention_table(outcome.result))
         print(f"\nper source and reason: {outcome.directory / 'stats.json'}; plot: retention.svg")
     else:
-        _print_table([(k, v) for k, v in _flat(outcome.result).items()][:40])
+        print_table([(k, v) for k, v in flat(outcome.result).items()][:40])
     print(f"\n{stage}: {'up to date' if outcome.skipped else 'done'} -> {outcome.directory}")
     return 0
 
@@ -414,7 +414,7 @@ def _quality_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else cfg.run_dir / "quality" / "model.safetensors"
     out.parent.mkdir(parents=True, exist_ok=True)
     result = train_quality(cfg, out)
-    _print_table([(k, v) for k, v in _flat(result).items()])
+    print_table([(k, v) for k, v in flat(result).items()])
     print(f"\nquality classifier -> {out}\nuse it: --set data.quality.model={json.dumps(str(out))}")
     return 0
 
@@ -456,7 +456,7 @@ def _export_hf(args: argparse.Namespace) -> int:
         )
     out = Path(args.out) if args.out else run / "export" / "hf"
     summary = export_hf(checkpoint, run / "tokenizer", out, dtype=args.dtype)
-    _print_table([(k, v) for k, v in _flat(summary).items()])
+    print_table([(k, v) for k, v in flat(summary).items()])
     return 0
 
 
@@ -520,7 +520,7 @@ def _eval_checkpoint(cfg: Config, checkpoint: str, tasks: str | None, limit: int
     names = None if tasks is None else [t.strip() for t in tasks.split(",") if t.strip()]
     results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, names, limit)
     for result in results:
-        _print_table(_eval_rows(result))
+        print_table(eval_rows(result))
         print()
     print(f"written: {cfg.run_dir / 'eval'} (step files, curves.jsonl, gallery.json)")
     return 0
@@ -551,143 +551,6 @@ def _run_all(cfg: Config, force: bool, stages: tuple[str, ...]) -> int:
 
     print(f"  {'report':<10} {write_run_report(cfg.run_dir)}")
     return 0
-
-
-def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]:
-    """The figures the end-of-run table prints, as data (written to RUN/summary.json)."""
-    curate = outcomes["curate"].result
-    tokenize = outcomes["tokenize"].result
-    tokenizer = outcomes["tokenizer"].result
-    train = outcomes["train"].result
-    evaluation = outcomes["eval"].result
-    heldout = evaluation["heldout"]["overall"]
-    return {
-        "run_dir": str(cfg.run_dir),
-        "wall_time_s": round(wall_time_s, 2),
-        "stages": {
-            name: {"skipped": o.skipped, "wall_time_s": o.wall_time_s, "dir": str(o.directory)}
-            for name, o in outcomes.items()
-        },
-        "documents_in": curate["documents_in"],
-        "documents_kept": curate["documents_kept"],
-        "vocab_size": tokenizer.get("padded_vocab_size"),
-        "train_tokens_available": tokenize["splits"]["train"]["tokens"],
-        "val_tokens_available": tokenize["splits"]["val"]["tokens"],
-        "params_total": train["params_total"],
-        "params_non_embedding": train["params_non_embedding"],
-        "train_steps": train["steps"],
-        "train_tokens": train["tokens"],
-        "train_tokens_per_s": train["tokens_per_s"],
-        "train_mfu": train.get("mfu"),
-        "final_train_loss": train["final_train_loss"],
-        "final_val_loss": train["final_val_loss"],
-        "val_bits_per_byte": heldout["bits_per_byte"],
-        "val_gzip_bits_per_byte": heldout["gzip_bits_per_byte"],
-        "val_xz_bits_per_byte": heldout["xz_bits_per_byte"],
-        "val_bytes": heldout["bytes"],
-        "samples": evaluation["samples"],
-        "checkpoint": train["checkpoint"],
-        "paths": {
-            "documents": str(outcomes["curate"].directory),
-            "tokenizer": str(outcomes["tokenizer"].directory),
-            "tokens": str(outcomes["tokenize"].directory),
-            "train": str(outcomes["train"].directory),
-            "metrics": str(outcomes["train"].directory / "metrics.jsonl"),
-            "eval": str(outcomes["eval"].directory),
-        },
-    }
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    def fmt(x: Any, spec: str = ",") -> str:
-        return "-" if x is None else format(x, spec)
-
-    stage_line = ", ".join(
-        f"{name} " + ("skipped" if info["skipped"] else f"{info['wall_time_s']:.1f}s")
-        for name, info in summary["stages"].items()
-    )
-    rows = [
-        ("stages", stage_line),
-        ("documents in / kept", f"{fmt(summary['documents_in'])} / {fmt(summary['documents_kept'])}"),
-        (
-            "tokens train / val",
-            f"{fmt(summary['train_tokens_available'])} / {fmt(summary['val_tokens_available'])}",
-        ),
-        ("vocab size (padded)", fmt(summary["vocab_size"])),
-        (
-            "parameters (non-embedding)",
-            f"{fmt(summary['params_total'])} ({fmt(summary['params_non_embedding'])})",
-        ),
-        ("trained tokens / steps", f"{fmt(summary['train_tokens'])} / {fmt(summary['train_steps'])}"),
-        ("training tokens/s", fmt(summary["train_tokens_per_s"], ",.0f")),
-        ("MFU", "-" if summary["train_mfu"] is None else f"{100 * summary['train_mfu']:.1f}%"),
-        (
-            "final train / val loss",
-            f"{fmt(summary['final_train_loss'], '.4f')} / {fmt(summary['final_val_loss'], '.4f')}",
-        ),
-        ("val bits/byte: model", fmt(summary["val_bits_per_byte"], ".4f")),
-        ("val bits/byte: gzip -9", fmt(summary["val_gzip_bits_per_byte"], ".4f")),
-        ("val bits/byte: xz -9e", fmt(summary["val_xz_bits_per_byte"], ".4f")),
-        ("held-out bytes", fmt(summary["val_bytes"])),
-        ("wall time", f"{summary['wall_time_s']:.1f}s"),
-    ]
-    _print_table(rows)
-    print("\nsamples:")
-    for item in summary["samples"]:
-        print(f"--- {item['prompt']!r}\n{item['prompt']}{item['completion']}")
-    print("\nwritten:")
-    for name, path in summary["paths"].items():
-        print(f"  {name:<10} {path}")
-    print(f"  {'summary':<10} {Path(summary['run_dir']) / 'summary.json'}")
-
-
-def _eval_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
-    rows = [("checkpoint", result["checkpoint"])]
-    for source, figures in sorted(result["heldout"]["per_source"].items()) + [
-        ("all", result["heldout"]["overall"])
-    ]:
-        rows.append(
-            (
-                f"{source}: loss / bits-per-byte",
-                f"{figures['loss']:.4f} / {figures['bits_per_byte']:.4f} "
-                f"(gzip {figures['gzip_bits_per_byte']:.4f}, xz {figures['xz_bits_per_byte']:.4f})",
-            )
-        )
-    for name, task in result.get("tasks", {}).items():
-        spread = f" ± {task['stderr']:.3f}" if task.get("stderr") is not None else ""
-        chance = f", chance {task['chance']:.3f}" if "chance" in task else ""
-        overlap = task.get("contamination")
-        dirty = f"; contaminated items {overlap['items_matched']}/{overlap['items']}" if overlap else ""
-        skipped = f", {task['skipped']} longer than the context skipped" if task.get("skipped") else ""
-        rows.append(
-            (
-                f"{name}: {task['metric']}",
-                f"{'-' if task['score'] is None else format(task['score'], '.4f')}{spread} "
-                f"({task['items']} items{skipped}, {task['shots']}-shot{chance}{dirty})",
-            )
-        )
-    return rows
-
-
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    if isinstance(value, list):
-        return (
-            {prefix.rstrip("."): f"[{len(value)} items]"}
-            if value and isinstance(value[0], dict)
-            else {prefix.rstrip("."): value}
-        )
-    return {prefix.rstrip("."): value}
-
-
-def _print_table(rows: list[tuple[str, Any]]) -> None:
-    width = max((len(str(k)) for k, _ in rows), default=0)
-    for key, value in rows:
-        print(f"{str(key):<{width}}  {value}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.summary import print_table
 
 _SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
 
@@ -187,12 +188,6 @@ def run(args: argparse.Namespace) -> int | None:
     return None
 
 
-def _print_table(rows: list[tuple[str, Any]]) -> None:
-    width = max((len(str(k)) for k, _ in rows), default=0)
-    for key, value in rows:
-        print(f"{str(key):<{width}}  {value}")
-
-
 def _write_json(path: str | None, value: Any) -> None:
     if path:
         from smelt.manifest import write_json
@@ -226,7 +221,7 @@ def _budget(args: argparse.Namespace) -> int:
         unique_tokens=args.unique_tokens,
         batch_tokens=args.batch_tokens,
     )
-    _print_table(budget_rows(plan))
+    print_table(budget_rows(plan))
     title = "same expected loss, smaller models trained longer"
     if args.inference_tokens:
         title += f" (serving {args.inference_tokens:.3g} tokens at 2N FLOPs each)"
@@ -311,7 +306,7 @@ def _memory(args: argparse.Namespace) -> int:
             ("per GPU at micro batch 1", f"{rec.memory_at_micro_batch_1.peak.total / GB:.1f} GB"),
         ]
         rows += memory_rows(rec.memory)
-        _print_table(rows)
+        print_table(rows)
         print("\nwhy:")
         for reason in rec.reasons:
             print(f"  - {reason}")
@@ -354,7 +349,7 @@ def _memory(args: argparse.Namespace) -> int:
             f"{verdict} ({usable:.0f} GB usable with {100 * args.headroom:.0f}% headroom)",
         )
     )
-    _print_table(rows)
+    print_table(rows)
     _write_json(args.json_out, {"model": shape.__dict__, **mem.to_dict()})
     return 0
 
@@ -368,7 +363,7 @@ def _batch(args: argparse.Namespace) -> int:
     from smelt.plan.batch import batch_rows
 
     rows, warnings = batch_rows(args.lr, args.batch_tokens, args.new_batch_tokens, args.loss)
-    _print_table(rows)
+    print_table(rows)
     for warning in warnings:
         print(f"\nwarning: {warning}")
     return 0
