@@ -7,7 +7,7 @@ writes (NFC, one regex split with a named pattern, byte-level BPE without dropou
 - Character classes (letter, number, whitespace) come from the same regex engine Hugging Face uses
   (Oniguruma, run once over every code point), so both agree on Unicode versions.
 - The scanner follows the regex alternation in order, with its backtracking resolved by hand (see
-  `_piece_gpt4`).
+  `piece_gpt4`).
 - Merges are applied as Hugging Face applies them: the lowest merge rank first, the leftmost on a tie,
   only for pairs that are a listed merge.
 
@@ -95,21 +95,23 @@ def slot_of(key, shift, mask):
     return ((key * _GOLDEN) >> shift) & mask
 
 
-@jit
-def build_table(lefts, rights, bits):
+def build_table(lefts: np.ndarray, rights: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The merge table: open addressing on (left id, right id) -> merge rank, probed as `merge_rank`
+    probes it. Built in Python: loading one more compiled function would cost each process more time
+    than the loop."""
     size = 1 << bits
-    keys = np.full(size, -1, dtype=np.int64)
-    ranks = np.full(size, -1, dtype=np.int32)
     shift, mask = 64 - bits, size - 1
-    for rank in range(len(lefts)):
-        key = (np.int64(lefts[rank]) << 32) | np.int64(rights[rank])
-        slot = slot_of(key, shift, mask)
+    merge_keys = (lefts.astype(np.int64) << 32) | rights.astype(np.int64)
+    with np.errstate(over="ignore"):  # the multiplication wraps, as in the compiled slot_of
+        slots = ((merge_keys * np.int64(_GOLDEN)) >> shift) & mask
+    keys, ranks = [-1] * size, [-1] * size
+    for rank, (key, slot) in enumerate(zip(merge_keys.tolist(), slots.tolist(), strict=True)):
         while keys[slot] != -1 and keys[slot] != key:
             slot = (slot + 1) & mask
         if keys[slot] == -1:  # a repeated merge keeps its first (lowest) rank
             keys[slot] = key
             ranks[slot] = rank
-    return keys, ranks
+    return np.array(keys, dtype=np.int64), np.array(ranks, dtype=np.int32)
 
 
 @inline
