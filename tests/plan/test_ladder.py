@@ -4,11 +4,15 @@ import json
 import math
 import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from smelt.config import load_config
+from smelt.errors import UserError
 from smelt.model.flops import count_params
 from smelt.model.plan import preset_config
 from smelt.plan import ladder as L
@@ -129,6 +133,15 @@ def test_emitted_commands_reproduce_each_rung(tmp_path):
         assert rebuilt.model == expected.model
         assert rebuilt.train.tokens == rung.tokens and rebuilt.train.lr == 0.002
         assert rebuilt.run_dir == expected.run_dir
+        # the same global batch on 8 ranks: whole micro batches per rank, accumulation for the rest
+        t = rebuilt.train
+        assert (
+            t.batch_tokens == expected.train.batch_tokens
+            and t.batch_tokens % (t.seq_len * t.micro_batch * 8) == 0
+        )
+    assert L.train_commands(cfg, str(config), [], rungs, gpus_per_run=1)[0].count("micro_batch") == 0
+    with pytest.raises(UserError, match="--gpus-per-run 32"):
+        L.train_commands(cfg, str(config), [], rungs, gpus_per_run=32)
     script = L.slurm_script(cfg, str(config), [], rungs, 4)
     assert f"#SBATCH --array=0-{len(rungs) - 1}" in script and script.count("torchrun") == len(rungs)
 
@@ -204,3 +217,16 @@ def test_tiny_ladder_trains_on_cpu_and_fits(tmp_path, shared_data, cli, capsys):
     again = json.loads((tmp_path / "fit2/fit.json").read_text())
     for key in ("E", "A", "B", "alpha", "beta"):
         assert again["law"][key] == pytest.approx(fit["law"][key], rel=1e-9)
+
+    # The emitted cluster command of the smallest rung runs as written under torchrun (2 CPU processes).
+    assert cli([*argv[:-3], "--emit", "torchrun", "--gpus-per-run", "2"]) == 0
+    lines = (ladder_dir / "commands.sh").read_text().splitlines()
+    words = shlex.split(next(line for line in lines if line.startswith("torchrun")))
+    words[0] = str(Path(sys.executable).with_name("torchrun"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SMELT_QUIET": "1", "SMELT_PEAK_FLOPS": "1e12"}
+    done = subprocess.run([*words, "--force"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rung = ladder_dir / plan["rungs"][0]["name"] / "train"
+    final = sorted(p for p in (rung / "checkpoints").iterdir() if (p / "COMMITTED").is_file())[-1]
+    assert json.loads((final / "meta.json").read_text())["world_size"] == 2
+    assert json.loads((rung / "summary.json").read_text())["final_val_loss"] > 0

@@ -232,10 +232,29 @@ def train_commands(
         sets = [*overrides, f"run.dir={json.dumps(rcfg.run.dir)}", f"run.name={json.dumps(rung.name)}"]
         sets += [f"{k}={v}" for k, v in rung.overrides().items()]
         sets += [f"train.warmup_tokens={rcfg.train.warmup_tokens}", 'model.preset=""']
+        sets += batch_for_ranks(rcfg, gpus_per_run)
         args = " ".join(f"--set {shlex.quote(s)}" for s in sets)
         launcher = f"torchrun --standalone --nproc-per-node {gpus_per_run} -m smelt.cli"
         lines.append(f"{launcher} train {shlex.quote(config_path)} {args}")
     return lines
+
+
+def batch_for_ranks(cfg: Config, ranks: int) -> list[str]:
+    """Overrides that keep the rung's global batch on `ranks` processes: the same batch_tokens, with a
+    micro batch small enough that every rank gets whole micro batches (accumulation makes up the rest).
+    Rungs compared in a fit must see the same batch, whatever the hardware they ran on."""
+    if ranks <= 1:
+        return []
+    seq, micro = cfg.train.seq_len, cfg.train.micro_batch
+    batch = cfg.train.batch_tokens or seq * micro
+    for size in range(micro, 0, -1):
+        if batch % (seq * size * ranks) == 0:
+            return [f"train.batch_tokens={batch}", f"train.micro_batch={size}"]
+    raise UserError(
+        f"--gpus-per-run {ranks}: train.batch_tokens = {batch} cannot be split into {ranks} ranks of whole "
+        f"sequences of train.seq_len = {seq}. Use a --gpus-per-run that divides {batch // seq} or raise "
+        f"train.batch_tokens."
+    )
 
 
 def data_commands(config_path: str, overrides: list[str]) -> list[str]:
