@@ -140,3 +140,18 @@ def test_unknown_backend_is_a_user_error(real_tokenizer, monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, "fastest")
     with pytest.raises(UserError, match=BACKEND_ENV):
         Tokenizer.load(directory).encode("x")
+
+
+def test_a_native_encoder_that_cannot_run_falls_back_with_a_warning(real_tokenizer, monkeypatch, capsys):
+    import smelt.tokenizer.native as native
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no LLVM target for this CPU")
+
+    monkeypatch.setattr(native, "encode_documents", broken)
+    monkeypatch.delenv(BACKEND_ENV, raising=False)
+    directory, _ = real_tokenizer
+    tokenizer = Tokenizer.load(directory)
+    assert tokenizer.backend == "tiktoken"
+    assert "native tokenizer encoder cannot run" in capsys.readouterr().err
+    assert tokenizer.encode("Hello world") == _load(directory, monkeypatch, "hf").encode("Hello world")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -177,12 +178,16 @@ class Tokenizer:
         self._backend = "hf"
         expected = [self._hf_ids(p) for p in PROBES]
         if wanted in ("auto", "native"):
-            native = native_encoder(self.inner)
-            if native is not None:
-                ids, counts = native.encode_flat(PROBES)
-                if _split(ids, counts) == expected:
-                    self._native, self._backend = native, "native"
-                    return
+            try:
+                native = native_encoder(self.inner)
+                agrees = native is not None and _split(*native.encode_flat(PROBES)) == expected
+            except Exception as exc:  # numba installed but unable to compile here: the others still work
+                print(f"smelt: warning: the native tokenizer encoder cannot run ({type(exc).__name__}: {exc}); "
+                      f"encoding with tiktoken or Hugging Face instead", file=sys.stderr)  # fmt: skip
+                agrees = False
+            if agrees:
+                self._native, self._backend = native, "native"
+                return
         if wanted in ("auto", "native", "tiktoken"):
             fast = tiktoken_encoding(self.inner)
             if fast is not None and [self._fast_ids(fast, p) for p in PROBES] == expected:
