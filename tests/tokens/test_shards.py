@@ -305,3 +305,15 @@ def test_byte_batches_are_compact_slices():
     assert pa.concat_arrays([b for b, _ in batches]).equals(column)
     whole = list(_split_by_bytes(column, sizes, 10**6))
     assert len(whole) == 1 and whole[0][0] is column
+
+
+def test_worker_count_follows_cores_batches_and_text(monkeypatch):
+    from smelt.tokens.tokenize import BYTES_PER_EXTRA_WORKER, resolve_workers
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    auto = TokensConfig()
+    assert resolve_workers(auto, batches=100, text_bytes=10_000_000) == 1  # start-up would dominate
+    assert resolve_workers(auto, batches=100, text_bytes=3 * BYTES_PER_EXTRA_WORKER) == 4
+    assert resolve_workers(auto, batches=100, text_bytes=10**12) == 8
+    assert resolve_workers(auto, batches=3, text_bytes=10**12) == 3
+    assert resolve_workers(TokensConfig(workers=6), batches=100, text_bytes=1) == 6  # asked for

@@ -96,7 +96,9 @@ class TokensConfig:
     batch_bytes: int = option(
         2_000_000, range=(1, 10**10), help="text bytes per batch at most (keeps the encoding processes even)"
     )
-    workers: int = option(0, range=(0, 1024), help="encoding processes (0: one per CPU core)")
+    workers: int = option(
+        0, range=(0, 1024), help="encoding processes (0: one per CPU core, one per 32 MB of text at most)"
+    )
     bos: bool = option(False, help="also put BOS before each document (EOS always follows it)")
     mixture: dict = option({}, help="weight per source, normalized (empty: natural proportions by tokens)")
     epochs: dict = option({}, help="epoch multiplier per source, e.g. {wiki = 6.0} (instead of mixture)")
