@@ -2,9 +2,10 @@
 
 The main process reads each source's parquet parts batch by batch (never the whole corpus) and hands
 the text batches to a pool of encoding processes (each encodes a batch with the tokenizer's fastest
-backend, smelt's compiled encoder by default, and returns one packed token array); results come back in submission order and are packed into shards by
-one `ShardWriter` per source, so the output is byte-identical whatever the number of workers or the
-batch size. At most a few batches per worker are in flight.
+backend, smelt's compiled encoder by default, and returns one packed token array); results come back
+in submission order and are packed into shards by one `ShardWriter` per source, so the output is
+byte-identical whatever the number of workers or the batch size. At most a few batches per worker are
+in flight.
 
 Resume: every finished shard has a `.done` marker with its checksums and the key of the settings
 (tokenizer hash, shard size, BOS, dtype, input parts). A rerun keeps the leading shards whose markers
@@ -362,7 +363,8 @@ def _split_by_bytes(
         stop = start + max(1, int(np.searchsorted(ends, batch_bytes, side="right")))
         part = column if (start, stop) == (0, len(sizes)) else column.slice(start, stop - start)
         # a slice would be pickled to the encoding process with its parent's whole buffers: copy it
-        yield (pa.concat_arrays([part]) if part is not column else part), sizes[start:stop]
+        sliced = part is not column or part.offset > 0
+        yield (pa.concat_arrays([part]) if sliced else part), sizes[start:stop]
         start = stop
 
 
