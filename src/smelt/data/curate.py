@@ -183,6 +183,7 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
     split_step.forced = forced_units(units, cfg.val_fraction, cfg.test_fraction, cfg.min_split_docs)
     clear_outputs(out_dir, SPLITS)
     n_docs = sum(sum(c.values()) for c in units.values())
+    del units  # an entry per unit, by default per document: not to be held through the reduce
     kept, reduce_entries = _reduce(shards, map_dir, corpus_steps, ledger, out_dir, cfg.docs_per_part, n_docs)
     for source in cfg.sources:
         mine = [e for e in reduce_entries if e["source"] == source.name]
