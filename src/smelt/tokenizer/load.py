@@ -176,6 +176,8 @@ class Tokenizer:
         if wanted not in ("auto", "native", "tiktoken", "hf"):
             raise UserError(f"{BACKEND_ENV}={wanted!r} is not a backend; use auto, native, tiktoken or hf.")
         self._backend = "hf"
+        if wanted == "hf":
+            return
         expected = [self._hf_ids(p) for p in PROBES]
         if wanted in ("auto", "native"):
             try:
@@ -188,10 +190,9 @@ class Tokenizer:
             if agrees:
                 self._native, self._backend = native, "native"
                 return
-        if wanted in ("auto", "native", "tiktoken"):
-            fast = tiktoken_encoding(self.inner)
-            if fast is not None and [self._fast_ids(fast, p) for p in PROBES] == expected:
-                self._fast, self._backend = fast, "tiktoken"
+        fast = tiktoken_encoding(self.inner)
+        if fast is not None and [self._fast_ids(fast, p) for p in PROBES] == expected:
+            self._fast, self._backend = fast, "tiktoken"
 
     def fast_encoder(self) -> Any | None:
         """The tiktoken encoding when it is the chosen backend, else None."""

@@ -474,10 +474,8 @@ class NativeBPE:
         return cls(PATTERN_KINDS[steps[0]["pattern"]["Regex"]], byte_ids, merges, specials)
 
     def _has_special(self, text: str) -> bool:
-        if self._special_re is None:
+        if self._special_re is None or (self._prefix and self._prefix not in text):
             return False
-        if self._prefix:
-            return self._prefix in text and self._special_re.search(text) is not None
         return self._special_re.search(text) is not None
 
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
