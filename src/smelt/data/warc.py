@@ -5,8 +5,11 @@ We parse the framing ourselves (a version line, headers, `Content-Length` bytes 
 stops being readable: on a truncated `.warc.gz` both libraries end the iteration silently (the last
 record cut short, or missing), and fastwarc aborts the whole file when a response says
 `Transfer-Encoding: chunked` over a body that was stored de-chunked (pywb's iana.org sample does).
-Here a truncated gzip member, a corrupt deflate stream or a broken record header raises `WarcError`
-with a reason and the offset of the record it hit, after every earlier record was yielded.
+Here a truncated gzip member or a corrupt deflate stream raises `WarcError` with a reason and the
+offset of the record it hit, after every earlier record was yielded. A record whose framing is wrong (no
+version line, a broken header, a `Content-Length` that does not end at the next record) is reported
+with its offset and reading resynchronises at the next `WARC/1.x` version line, so one bad length
+costs one record, not the rest of the file.
 
 Offsets are what a reader needs to seek back to a record: the byte offset of the record's gzip
 member in a compressed file (per-record gzip, the layout of every common crawler), or of its version
@@ -29,13 +32,25 @@ HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
 class WarcError(Exception):
-    """The file cannot be read past `offset`: reason `truncated`, `bad_warc` or `decode_error`."""
+    """The record at `offset` cannot be read: reason `truncated`, `bad_warc` or `decode_error`.
+    `framing` marks a record-level error (reading can resume at the next record header), as opposed to
+    damaged compressed data, past which nothing can be read."""
 
-    def __init__(self, reason: str, offset: int, detail: str) -> None:
+    def __init__(self, reason: str, offset: int, detail: str, framing: bool = False) -> None:
         super().__init__(f"{reason} at byte {offset}: {detail}")
         self.reason = reason
         self.offset = offset
         self.detail = detail
+        self.framing = framing
+
+
+class _BlockPastEnd(WarcError):
+    """The file ends inside a record's block: truncated, unless a later record header shows the
+    record's Content-Length is wrong."""
+
+    def __init__(self, offset: int, length: int) -> None:
+        super().__init__("truncated", offset, f"the file ends inside this record's {length}-byte block", True)
+        self.length = length
 
 
 @dataclass(slots=True)
@@ -78,6 +93,7 @@ class _Stream:
         self._buf = bytearray()
         self._pos = 0
         self._base = 0
+        self._error: WarcError | None = None  # raised again by every later _fill
 
     @property
     def position(self) -> int:
@@ -95,8 +111,51 @@ class _Stream:
         start, offset = self._members[0]
         return offset, position - start
 
+    def seek(self, position: int) -> None:
+        """Go back to stream `position` at or after the current record's start: within the buffer when
+        it still holds it, else by seeking the file (from the start of the gzip member holding it)."""
+        if position >= self._base:
+            self._pos = position - self._base
+            return
+        if not self.gzip:
+            start, offset = position, position
+        else:
+            i = max(bisect.bisect_right([m[0] for m in self._members], position) - 1, 0)
+            start, offset = self._members[i]
+            del self._members[i:]  # re-entered as the decompressor passes them again
+        self._raw.seek(offset)
+        self._in, self._in_offset, self._dec, self._error = b"", offset, None, None
+        self._buf, self._base, self._pos = bytearray(), start, 0
+        self.read(position - start, keep=False)
+
+    def at_record_boundary(self) -> bool:
+        """Whether a block just read ends where a record ends: at its CRLF CRLF trailer, at line ends and
+        a `WARC/` version line, or at the end of the file. A damaged gzip member ahead also answers
+        True: that failure belongs to the next record."""
+        try:
+            while len(self._buf) - self._pos < 9 and self._fill():
+                pass
+        except WarcError:
+            return True
+        ahead = bytes(self._buf[self._pos : self._pos + 9])
+        rest = ahead.lstrip(b"\r\n")
+        return ahead.startswith((b"\r\n\r\n", b"\n\n")) or rest.startswith(b"WARC/") or not rest
+
+    def peek(self, n: int) -> bytes:
+        """Up to n bytes at the current position, for messages."""
+        return bytes(self._buf[self._pos : self._pos + n])
+
     def _fill(self) -> bool:
         """Append decompressed bytes to the buffer; False at the end of the file."""
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._fill_once()
+        except WarcError as exc:
+            self._error = exc
+            raise
+
+    def _fill_once(self) -> bool:
         if self._pos > CHUNK * 16:
             del self._buf[: self._pos]
             self._base += self._pos
@@ -163,11 +222,17 @@ class _Stream:
         return b"".join(parts) if keep else None
 
 
-def iter_records(raw: BinaryIO, keep: Callable[[dict[str, str]], bool]) -> Iterator[WarcRecord]:
+def iter_records(
+    raw: BinaryIO,
+    keep: Callable[[dict[str, str]], bool],
+    on_bad_record: Callable[[WarcError], None] | None = None,
+) -> Iterator[WarcRecord]:
     """Every record of a WARC file in order; `keep(headers)` says whose block to read into memory.
 
-    Raises WarcError (after yielding every complete record before it) when the file is truncated, a
-    record is malformed, or its compressed data is corrupt."""
+    A record with broken framing (not a version line, a malformed header, a `Content-Length` that is
+    missing or does not end where the next record begins) goes to `on_bad_record` and reading resumes at
+    the next `WARC/` version line; without `on_bad_record` it raises. Raises WarcError (after yielding
+    every complete record before it) when the file is truncated or its compressed data is corrupt."""
     stream = _Stream(raw)
     while True:
         start = stream.position
@@ -180,31 +245,68 @@ def iter_records(raw: BinaryIO, keep: Callable[[dict[str, str]], bool]) -> Itera
         try:
             record = _read_record(stream, line, offset, inner, keep)
         except WarcError as exc:
-            if exc.offset == offset:
-                raise
-            raise WarcError(exc.reason, offset, exc.detail) from None  # report the record, not the member
+            error = WarcError(exc.reason, offset, exc.detail, exc.framing)  # the record, not the member
+            if not exc.framing or on_bad_record is None:
+                raise error from None
+            stream.seek(start + len(line))
+            resume = _next_version_line(stream)
+            if resume is None and exc.reason == "truncated":
+                raise error from None  # no later record: the file is cut inside this one
+            if resume is None:
+                error.detail += "; no record header follows, the rest of the file is skipped"
+            else:
+                if isinstance(exc, _BlockPastEnd):  # a later record exists, so the length was wrong
+                    error.detail = f"Content-Length {exc.length} reaches past the end of the file"
+                error.reason = "bad_warc"
+                at, inside = stream.locate(resume)
+                error.detail += f"; reading resumes at the record at byte {at}" + (
+                    f"+{inside}" if inside else ""
+                )
+            on_bad_record(error)
+            if resume is None:
+                return
+            stream.seek(resume)
+            continue
         yield record
+
+
+def _next_version_line(stream: _Stream) -> int | None:
+    """The stream position of the next line starting with `WARC/1.`, or None at the end of the file.
+    A damaged gzip member on the way raises its WarcError."""
+    line_start = True
+    while True:
+        position = stream.position
+        line = stream.readline()
+        if not line:
+            return None
+        if line_start and line.startswith(b"WARC/1."):
+            return position
+        line_start = line.endswith(b"\n")
 
 
 def _read_record(
     stream: _Stream, line: bytes, offset: int, inner: int, keep: Callable[[dict[str, str]], bool]
 ) -> WarcRecord:
     if not line.startswith(b"WARC/"):
-        raise WarcError("bad_warc", offset, f"expected a WARC/1.x version line, found {line[:60]!r}")
+        raise WarcError(
+            "bad_warc", offset, f"expected a WARC/1.x version line, found {line[:60]!r}", framing=True
+        )
     headers = _read_headers(stream, offset)
     try:
         length = int(headers.get("content-length", ""))
     except ValueError:
-        raise WarcError("bad_warc", offset, "the record has no valid Content-Length") from None
+        detail = f"the record has no valid Content-Length ({headers.get('content-length')!r})"
+        raise WarcError("bad_warc", offset, detail, framing=True) from None
     if length < 0:
-        raise WarcError("bad_warc", offset, f"negative Content-Length {length}")
+        raise WarcError("bad_warc", offset, f"negative Content-Length {length}", framing=True)
     wanted = length <= MAX_BLOCK and keep(headers)
     try:
         block = stream.read(length, keep=wanted)
     except EOFError:
-        raise WarcError(
-            "truncated", offset, f"the file ends inside this record's {length}-byte block"
-        ) from None
+        raise _BlockPastEnd(offset, length) from None
+    if not stream.at_record_boundary():
+        detail = f"Content-Length {length} does not end at the next record (the block is followed by {stream.peek(20)!r})"
+        raise WarcError("bad_warc", offset, detail, framing=True)
     return WarcRecord(offset, inner, headers, block)
 
 
@@ -214,7 +316,7 @@ def _read_headers(stream: _Stream, offset: int) -> dict[str, str]:
     while True:
         line = stream.readline()
         if not line:
-            raise WarcError("truncated", offset, "the file ends inside this record's headers")
+            raise WarcError("truncated", offset, "the file ends inside this record's headers", framing=True)
         if line in (b"\r\n", b"\n"):
             return headers
         if line[:1] in (b" ", b"\t") and name:  # folded continuation of the previous header
@@ -222,7 +324,7 @@ def _read_headers(stream: _Stream, offset: int) -> dict[str, str]:
             continue
         key, sep, value = line.partition(b":")
         if not sep:
-            raise WarcError("bad_warc", offset, f"not a header line: {line[:60]!r}")
+            raise WarcError("bad_warc", offset, f"not a header line: {line[:60]!r}", framing=True)
         name = key.strip().decode("latin-1").lower()
         headers[name] = value.strip().decode("utf-8", "replace")
 

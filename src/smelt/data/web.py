@@ -59,13 +59,21 @@ def read_html(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict)
 def read_warc(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict) -> Iterator[Doc]:
     """One document per HTML response or resource record of a WARC file (`.warc`, `.warc.gz`). Its id is
     `<file>@<offset>` (`+<n>` when several records share one gzip member) and `line` the offset; the
-    WARC-Record-ID and date go to `meta`. A file that cannot be read to its end keeps the records before
-    the failure and quarantines the rest as one record, with reason `truncated`, `bad_warc` or
-    `decode_error` and the offset."""
+    WARC-Record-ID and date go to `meta`. A record with broken framing (such as a wrong `Content-Length`)
+    is quarantined as `bad_warc` with its offset and reading resumes at the next record header. A file
+    that cannot be read to its end (truncated, corrupt gzip data) keeps the records before the failure
+    and quarantines the rest as one record, with reason `truncated` or `decode_error` and the offset."""
     extract = extractor(spec.extractor)
     skipped = state.setdefault("skipped", Counter())
+
+    def bad_record(exc: WarcError) -> None:  # one record with broken framing; reading goes on after it
+        _count(spec, ledger, state)
+        ledger.quarantine(spec.name, f"{rel}@{exc.offset}", rel, exc.offset, exc.reason, exc.detail)
+
     with open(path, "rb") as handle:
-        records = iter_records(handle, lambda headers: headers.get("warc-type", "").lower() in _PAYLOAD_TYPES)
+        records = iter_records(
+            handle, lambda headers: headers.get("warc-type", "").lower() in _PAYLOAD_TYPES, bad_record
+        )
         before = 0  # records read before a failure
         try:
             for record in records:
