@@ -132,6 +132,21 @@ class ModelConfig:
     n_kv_heads: int = option(0, range=(0, 1024), help="key/value heads for GQA (0: n_heads)")
     d_ff: int = option(0, range=(0, 10**6), help="SwiGLU hidden size (0: 8/3 d rounded)")
     rope_theta: float = option(10_000.0, range=(1.0, 1e9))
+    rope_scaling: str = option(
+        "none",
+        choices=("none", "linear", "ntk", "yarn"),
+        help="RoPE scaling for a longer context: linear (position interpolation), ntk (base change), yarn",
+    )
+    rope_factor: float = option(
+        1.0, range=(1.0, 1e6), help="context multiple the scaling is for (new length / trained length)"
+    )
+    rope_original_max_seq_len: int = option(
+        0, range=(0, 10**7), help="yarn: the sequence length trained at before the extension"
+    )
+    yarn_beta_fast: float = option(32.0, range=(0.0, 1e6), help="yarn: pairs turning more often are kept")
+    yarn_beta_slow: float = option(
+        1.0, range=(0.0, 1e6), help="yarn: pairs turning less often are interpolated"
+    )
     norm_eps: float = option(1e-5, range=(1e-12, 1e-1))
     qk_norm: bool = option(False, help="RMSNorm on queries and keys per head")
     tie_embeddings: bool = option(True)
@@ -189,7 +204,14 @@ class TrainConfig:
     compile: bool = option(False, help="torch.compile the model")
     log_every: int = option(10, range=(1, 10**9), help="steps between train-metric lines")
     eval_every: int = option(100, range=(0, 10**9), help="steps between validation losses (0: end only)")
-    eval_tokens: int = option(65_536, range=(0, 10**12), help="validation tokens per periodic evaluation")
+    eval_tokens: int = option(
+        65_536, range=(0, 10**12), help="validation tokens per evaluation, split evenly over the sources (0: all)"
+    )  # fmt: skip
+    eval_budget: float = option(
+        0.1, range=(0.0, 1.0),
+        help="share of the training time periodic validation may take; evaluations that would exceed it "
+        "are skipped (0: no budget)",
+    )  # fmt: skip
     doc_masking: bool = option(
         True, help="attend only within each document of a packed sequence; positions restart per document"
     )
@@ -239,6 +261,12 @@ class TrainConfig:
     )
     max_consecutive_skips: int = option(
         5, range=(1, 10**7), help="stop the run after this many skipped steps in a row"
+    )
+    init_from: str = option(
+        "", help="fork: start from this run's checkpoint (RUN, RUN:STEP or a step_NNNNNNN dir); empty: fresh"
+    )
+    init_optimizer: bool = option(
+        False, help="fork: also load the parent's optimizer moments (default: weights only)"
     )
     monitor_every: int = option(
         0, range=(0, 10**9), help="steps between per-layer update/weight ratios and norms (0: off)"
@@ -293,6 +321,11 @@ class EvalConfig:
     inloop_items: int = option(100, range=(1, 10**9), help="items per task scored in the loop")
     inloop_tasks: list[str] = option(
         [], help="tasks scored in the loop (empty: `tasks` minus generative ones)"
+    )
+    convention: str = option(
+        "lm-eval",
+        choices=("lm-eval", "eos"),
+        help="prompt tokens: lm-eval (no prefix token unless the context is empty) or eos (one EOS first)",
     )
 
 
@@ -500,6 +533,7 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
         )
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"{origin}: the head dimension d_model / n_heads must be even for RoPE.")
+    _check_rope_scaling(m, origin)
     if cfg.train.seq_len > m.max_seq_len:
         raise ConfigError(
             f"{origin}: train.seq_len ({cfg.train.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); "
@@ -531,6 +565,36 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
             f"{origin}: tokenizer.vocab_size = {t.vocab_size} is too small: a byte-level BPE needs 256 byte "
             f"tokens plus {specials} special and spare tokens (special_tokens, fim_tokens, chat_tokens, "
             f"spare_tokens). Set tokenizer.vocab_size >= {smallest}, or reserve fewer special tokens."
+        )
+
+
+def _check_rope_scaling(m: ModelConfig, origin: str) -> None:
+    """RoPE scaling keys that would silently do nothing, or that YaRN cannot compute without."""
+    kind, factor = m.rope_scaling, m.rope_factor
+    if kind == "none" and factor != 1.0:
+        raise ConfigError(
+            f"{origin}: model.rope_factor = {factor:g} has no effect while model.rope_scaling = 'none'. Set "
+            f"model.rope_scaling to 'linear', 'ntk' or 'yarn' (or, for ABF, raise model.rope_theta instead)."
+        )
+    if kind != "none" and factor == 1.0:
+        raise ConfigError(
+            f"{origin}: model.rope_scaling = {kind!r} with model.rope_factor = 1 changes nothing. Set "
+            f"model.rope_factor to the context multiple: new length / trained length (e.g. 4.0 for 256 -> 1024)."
+        )
+    if kind == "yarn" and not m.rope_original_max_seq_len:
+        raise ConfigError(
+            f"{origin}: model.rope_scaling = 'yarn' needs model.rope_original_max_seq_len: set it to the "
+            f"sequence length the model was trained at before the extension (e.g. 256)."
+        )
+    if kind != "yarn" and m.rope_original_max_seq_len:
+        raise ConfigError(
+            f"{origin}: model.rope_original_max_seq_len is only read by model.rope_scaling = 'yarn' (it is "
+            f"{kind!r}); remove it or set model.rope_scaling = 'yarn'."
+        )
+    if kind == "yarn" and m.yarn_beta_fast <= m.yarn_beta_slow:
+        raise ConfigError(
+            f"{origin}: model.yarn_beta_fast ({m.yarn_beta_fast:g}) must exceed model.yarn_beta_slow "
+            f"({m.yarn_beta_slow:g}); the defaults are 32 and 1."
         )
 
 

@@ -29,6 +29,7 @@ import torch
 from smelt.config import ModelConfig
 from smelt.errors import UserError
 from smelt.model.flops import resolved_d_ff
+from smelt.model.rope import hf_rope_fields, rope_from_hf
 from smelt.model.transformer import Transformer
 
 SAFETENSORS = "model.safetensors"
@@ -85,8 +86,7 @@ def hf_config(
         "hidden_act": "silu",
         "max_position_embeddings": cfg.max_seq_len,
         "rms_norm_eps": cfg.norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": None,
+        **hf_rope_fields(cfg, head_dim),
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -256,8 +256,6 @@ def config_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelC
         problems.append(f"head_dim {config['head_dim']} != hidden_size / num_attention_heads")
     if config.get("attention_bias") or config.get("mlp_bias"):
         problems.append("attention or MLP biases")
-    if config.get("rope_scaling"):
-        problems.append(f"rope_scaling {config['rope_scaling']}")
     if config.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act {config['hidden_act']!r}")
     if model_type == "qwen3" and config.get("use_sliding_window"):
@@ -270,7 +268,7 @@ def config_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelC
         n_heads=heads,
         n_kv_heads=int(config.get("num_key_value_heads") or heads),
         d_ff=int(config["intermediate_size"]),
-        rope_theta=float(config.get("rope_theta", 10_000.0)),
+        **rope_from_hf(config, where),
         norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         qk_norm=model_type == "qwen3",
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),

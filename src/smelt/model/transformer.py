@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from smelt.config import ModelConfig
 from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
 from smelt.model.flops import resolved_d_ff
+from smelt.model.rope import apply_rope, model_rope_table, rope_table  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from smelt.model.generate import KVCache
@@ -56,40 +57,6 @@ def uses_rope(cfg: ModelConfig, layer: int) -> bool:
     if rotary_dim(cfg) == 0:
         return False
     return not (cfg.nope_every and (layer + 1) % cfg.nope_every == 0)
-
-
-def rope_table(rot_dim: int, max_seq_len: int, theta: float) -> torch.Tensor:
-    """(cos, sin) of the rotary angles t * w_j, [max_seq_len, rot_dim / 2, 2], fp32.
-
-    w_j = theta^(-2j / rot_dim). Angles are formed in fp64 so large positions keep their precision.
-    The table is stored real, not complex, so that casting the module (model.to(torch.bfloat16))
-    cannot silently drop the sines.
-    """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return torch.stack((angles.cos(), angles.sin()), dim=-1).float()
-
-
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of x [B, H, T, hd] by the angles of table [..., T, r/2, 2], in fp32.
-
-    The table broadcasts against x (e.g. [B, 1, T, r/2, 2] for per-sequence positions). With a
-    partial rotary dim r < hd only the first r dims of each head rotate; the rest pass through.
-    """
-    rot = 2 * table.shape[-2]
-    if rot < x.shape[-1]:
-        return torch.cat((apply_rope(x[..., :rot], table), x[..., rot:]), dim=-1)
-    table = table.float()
-    xf = x.float().unflatten(-1, (-1, 2))
-    if torch.compiler.is_compiling():
-        # Inductor fuses this real form into one kernel; it cannot generate code for complex ops.
-        cos, sin = table[..., 0], table[..., 1]
-        x0, x1 = xf[..., 0], xf[..., 1]
-        out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    else:
-        # Eager: one complex multiply is ~3x faster on CPU than the real form's separate ops and copies.
-        out = torch.view_as_real(torch.view_as_complex(xf) * torch.view_as_complex(table.contiguous()))
-    return out.flatten(-2).type_as(x)
 
 
 def doc_ids_from_tokens(idx: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -238,7 +205,7 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.rope_layers = [uses_rope(cfg, i) for i in range(cfg.n_layers)]
-        table = rope_table(max(rotary_dim(cfg), 2), cfg.max_seq_len, cfg.rope_theta)
+        table = model_rope_table(cfg, max(rotary_dim(cfg), 2))
         # Not persistent: derived from the config, so it stays out of checkpoints.
         self.register_buffer("rope", table, persistent=False)
         self.reset_parameters()
@@ -252,7 +219,7 @@ class Transformer(nn.Module):
         with torch.device("meta"):
             model = cls(cfg, vocab_size)
         model.to_empty(device=device)
-        model.rope = rope_table(max(rotary_dim(cfg), 2), cfg.max_seq_len, cfg.rope_theta).to(device)
+        model.rope = model_rope_table(cfg, max(rotary_dim(cfg), 2)).to(device)
         if cfg.tie_embeddings:  # to_empty gives each parameter its own storage
             model.lm_head.weight = model.tok_emb.weight
         return model
