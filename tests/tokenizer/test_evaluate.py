@@ -143,7 +143,7 @@ def test_language_temperature_evens_out_bytes_per_token(tmp_path, shared_data):
     write_lang_documents(docs, "train", "web", train)
     tokenizers = {}
     for alpha in (0.3, 1.0):
-        cfg = TokenizerConfig(vocab_size=1024, sample_bytes=200_000, lang_alpha=alpha)
+        cfg = TokenizerConfig(vocab_size=1024, sample_bytes=100_000, lang_alpha=alpha)
         train_tokenizer(cfg, docs, tmp_path / f"alpha_{alpha}", seed=0)
         tokenizers[f"alpha {alpha}"] = tmp_path / f"alpha_{alpha}"
         info = json.loads((tmp_path / f"alpha_{alpha}" / "smelt.json").read_text())

@@ -182,6 +182,39 @@ def mixture_section(run: Run) -> str:
     return "\n".join(parts)
 
 
+# A source drawn further than this below its target is highlighted: its text is under-represented in
+# the tokenizer's training sample.
+SAMPLE_SHORTFALL = 0.1
+
+
+def _sample_table(info: dict[str, Any]) -> str:
+    """Target and drawn bytes of the tokenizer's training sample, per source (and language)."""
+    units = info.get("sample_units")
+    if not isinstance(units, dict) or not units:
+        return note("smelt.json records no per-source sample (a tokenizer trained before it was recorded).")
+    rows, classes = [], []
+    for unit, figures in sorted(units.items()):
+        target, drawn = figures.get("target") or 0, figures.get("drawn") or 0
+        share = f"{100 * drawn / target:.1f}%" if target else "-"
+        rows.append([unit, figures.get("size"), target, drawn, share])
+        classes.append("diff" if target and drawn < (1 - SAMPLE_SHORTFALL) * target else "")
+    short = [unit for unit, cls in zip(sorted(units), classes, strict=True) if cls]
+    text = "<h3>Training sample per source</h3>" + table(
+        ["source (/language)", "bytes in train", "target bytes", "drawn bytes", "drawn / target"],
+        rows,
+        classes,
+    )
+    if short:
+        return text + note(
+            f"drawn more than {SAMPLE_SHORTFALL:.0%} below target: {', '.join(short)}. "
+            f"The tokenizer saw less of their text than planned."
+        )
+    return text + note(
+        f"every source drawn within {SAMPLE_SHORTFALL:.0%} of its target "
+        f"(tokenizer.sample_bytes shared by tokenizer.source_alpha and lang_alpha)."
+    )
+
+
 def tokenizer_section(run: Run) -> str:
     parts = []
     result = (run.manifests.get("tokenizer") or {}).get("result") or {}
@@ -190,6 +223,8 @@ def tokenizer_section(run: Run) -> str:
         rows = [[k, v] for k, v in sorted(result.items()) if not isinstance(v, (dict, list))]
         rows += [[f"smelt.json: {k}", v] for k, v in sorted(info.items()) if not isinstance(v, (dict, list))]
         parts.append("<h3>Training</h3>" + table(["figure", "value"], rows))
+    if info:
+        parts.append(_sample_table(info))
     stats = run.json_file("tokens", "stats.json") or (run.manifests.get("tokens") or {}).get("result")
     if isinstance(stats, dict) and stats.get("splits"):
         rows = []

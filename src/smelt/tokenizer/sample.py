@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,15 +14,29 @@ import pyarrow.parquet as pq
 from smelt.documents import document_parts, open_part
 from smelt.errors import UserError
 
+# The unit of the documents without a language label in a source whose other documents have one
+# (ISO 639 "undetermined").
+UNLABELLED = "und"
+# A source or language drawn below this share of its target is flagged in the report.
+DRAWN_TOLERANCE = 0.1
+
 
 def _text_bytes_estimate(part: pq.ParquetFile) -> int:
-    """Uncompressed size of the `text` column from the parquet footer: an upper bound on its UTF-8 bytes."""
+    """The UTF-8 bytes of the `text` column, estimated from the parquet footer without reading the text:
+    its uncompressed size less the 4-byte length stored with each value."""
     meta = part.metadata
     names = part.schema_arrow.names
     if "text" not in names:
         return 0
     column = names.index("text")
-    return sum(meta.row_group(i).column(column).total_uncompressed_size for i in range(meta.num_row_groups))
+    groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
+    return sum(max(0, g.column(column).total_uncompressed_size - 4 * g.num_rows) for g in groups)
+
+
+def _text_bytes(part: pq.ParquetFile) -> int:
+    """The exact UTF-8 bytes of the `text` column (reads it)."""
+    lengths = pc.binary_length(part.read(columns=["text"]).column("text"))
+    return int(pc.sum(pc.fill_null(lengths, 0)).as_py() or 0)
 
 
 @dataclass
@@ -31,8 +46,17 @@ class Sample:
     documents: int = 0
     bytes: int = 0
     parts: list[str] = field(default_factory=list)
-    # per unit ("source" or "source/lang"): size in the split, target bytes, bytes drawn
+    # Per source ("code") and, in a source with language labels when languages are weighted, per
+    # language ("web/en", "web/und" for its unlabelled documents): size in the split, target bytes, drawn.
     units: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def short_units(self, tolerance: float = DRAWN_TOLERANCE) -> list[str]:
+        """The units drawn more than `tolerance` below their target."""
+        return [
+            unit
+            for unit, row in sorted(self.units.items())
+            if row.get("target", 0) > 0 and row.get("drawn", 0) < (1 - tolerance) * row["target"]
+        ]
 
 
 @dataclass(frozen=True)
@@ -41,14 +65,19 @@ class Weighting:
 
     A source's share is proportional to weight(source) * size(source) ** source_alpha; within a source,
     a language's share to weight(lang) * size(lang) ** lang_alpha. alpha = 1 keeps natural proportions,
-    alpha = 0 gives every unit the same share. Documents without a language (null or empty `lang`)
-    make their source one unit. A unit never gets more than it holds: the excess goes to the others.
+    alpha = 0 gives every unit the same share. Documents without a language (null or empty `lang`) in a
+    source with labelled ones are one more unit of it (`und`); a source without labels is one unit. A
+    unit never gets more than it holds: the excess goes to the others.
     """
 
     source_alpha: float = 1.0
     lang_alpha: float = 1.0
     source_weights: tuple[tuple[str, float], ...] = ()
     lang_weights: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def by_language(self) -> bool:
+        return self.lang_alpha != 1.0 or bool(self.lang_weights)
 
     @classmethod
     def from_config(cls, cfg) -> Weighting:
@@ -90,6 +119,11 @@ def _share(
     return targets
 
 
+def _whole(sizes: dict[str, float], weights: dict[str, float]) -> dict[str, float]:
+    """Targets when everything fits the budget: every unit whole, but a weight of 0 still drops one."""
+    return {u: (size if weights.get(u, 1.0) > 0 else 0.0) for u, size in sizes.items()}
+
+
 def _lang_sizes(part: pq.ParquetFile) -> list[dict[str, int]] | None:
     """UTF-8 text bytes per language for each row group; None when the part has no language labels."""
     if "lang" not in part.schema_arrow.names:
@@ -98,63 +132,128 @@ def _lang_sizes(part: pq.ParquetFile) -> list[dict[str, int]] | None:
     if labels.null_count == len(labels) or not pc.any(pc.not_equal(labels, "")).as_py():
         return None
     out: list[dict[str, int]] = []
-    labelled = False
     for group in range(part.metadata.num_row_groups):
         table = part.read_row_group(group, columns=["text", "lang"])
         langs = table.column("lang").to_pylist()
         sizes = pc.fill_null(pc.binary_length(table.column("text")), 0).to_pylist()
         per: dict[str, int] = {}
         for lang, size in zip(langs, sizes, strict=True):
-            key = lang or ""
-            labelled = labelled or bool(key)
+            key = lang or UNLABELLED
             per[key] = per.get(key, 0) + size
         out.append(per)
-    return out if labelled else None
+    return out
+
+
+class _SystematicPicker:
+    """Keeps the i-th document (counting from 0 within its unit) when floor(p (i + 1) + u) > floor(p i + u):
+    with start u uniform in [0, 1), every document is kept with probability p, and the first n documents
+    of a unit always yield floor(p n) or floor(p n) + 1 kept ones."""
+
+    def __init__(self, keep: dict[str, float], seed: int):
+        self.keep = keep
+        self.seed = seed
+        self.seen: dict[str, int] = {}
+        self.start: dict[str, float] = {}
+
+    def _start(self, unit: str) -> float:
+        if unit not in self.start:
+            stream = np.random.PCG64([self.seed, zlib.crc32(unit.encode("utf-8"))])
+            self.start[unit] = float(np.random.Generator(stream).random())
+        return self.start[unit]
+
+    def pick(self, names: list[str]) -> np.ndarray:
+        """Indices of the kept rows among the next rows, whose units are `names`."""
+        if not names:
+            return np.zeros(0, dtype=np.int64)
+        labels = np.array(names, dtype=object)
+        kept = np.zeros(len(names), dtype=bool)
+        for unit in dict.fromkeys(names):
+            rows = np.flatnonzero(labels == unit) if len(set(names)) > 1 else np.arange(len(names))
+            first = self.seen.get(unit, 0)
+            self.seen[unit] = first + rows.size
+            p = self.keep.get(unit, 0.0)
+            if p >= 1.0:
+                kept[rows] = True
+            elif p > 0.0:
+                index = np.arange(first, first + rows.size, dtype=np.float64)
+                u = self._start(unit)
+                kept[rows] = np.floor(p * (index + 1) + u) > np.floor(p * index + u)
+        return np.flatnonzero(kept)
+
+
+@dataclass
+class SamplePlan:
+    """Keep probability per unit, language sizes per part (None: no labels read), the report rows."""
+
+    keep: dict[str, float]
+    part_langs: list[list[dict[str, int]] | None]
+    units: dict[str, dict[str, float]]
+    lang_sources: frozenset[str]  # sources sampled per language
+
+    def unit(self, source: str, lang: str | None) -> str:
+        """The unit a document of `source` with label `lang` counts in."""
+        return f"{source}/{lang or UNLABELLED}" if source in self.lang_sources else source
 
 
 def plan_sample(
     parts: list[Path], files: list[pq.ParquetFile], budget_bytes: int, weighting: Weighting
-) -> tuple[dict[str, float], list[list[dict[str, int]] | None], dict[str, dict[str, float]]]:
-    """Keep probability per unit key, per-part language sizes, and the per-unit plan for the report."""
+) -> SamplePlan:
+    """Share the budget over sources (and languages) and turn each unit's target into a keep probability.
+
+    Sizes are exact where the text was read (parts with language labels, and every part when the split
+    fits the budget) and the footer's estimate elsewhere."""
+    part_langs = [_lang_sizes(part) if weighting.by_language else None for part in files]
+    estimates = [
+        0 if langs else _text_bytes_estimate(part) for part, langs in zip(files, part_langs, strict=True)
+    ]
+    labelled_bytes = sum(sum(per.values()) for langs in part_langs for per in langs or [])
+    fits = labelled_bytes + sum(estimates) <= budget_bytes
     source_sizes: dict[str, float] = {}
-    part_langs: list[list[dict[str, int]] | None] = []
     lang_sizes: dict[str, dict[str, float]] = {}
-    for path, part in zip(parts, files, strict=True):
+    unlabelled: dict[str, float] = {}
+    for path, part, langs, estimate in zip(parts, files, part_langs, estimates, strict=True):
         source = path.parent.name
-        langs = _lang_sizes(part) if weighting.lang_alpha != 1.0 or weighting.lang_weights else None
-        part_langs.append(langs)
-        # exact text bytes where the languages were counted, else the footer's estimate
-        size = sum(sum(per.values()) for per in langs) if langs else _text_bytes_estimate(part)
+        if langs:
+            bucket = lang_sizes.setdefault(source, {})
+            for per in langs:
+                for lang, size in per.items():
+                    bucket[lang] = bucket.get(lang, 0.0) + size
+            size = sum(sum(per.values()) for per in langs)
+        else:
+            # everything is read when the split fits: exact sizes cost one more read of at most the budget
+            size = _text_bytes(part) if fits else estimate
+            unlabelled[source] = unlabelled.get(source, 0.0) + size
         source_sizes[source] = source_sizes.get(source, 0.0) + size
-        for per in langs or []:
-            for lang, size in per.items():
-                bucket = lang_sizes.setdefault(source, {})
-                bucket[lang] = bucket.get(lang, 0.0) + size
-    total = sum(source_sizes.values())
-    keep: dict[str, float] = {}
-    plan: dict[str, dict[str, float]] = {}
-    if total <= budget_bytes:
-        for source, size in source_sizes.items():
-            keep[source] = 1.0
-            plan[source] = {"size": size, "target": size}
-        return keep, part_langs, plan
-    source_targets = _share(
-        budget_bytes, source_sizes, dict(weighting.source_weights), weighting.source_alpha
+    for source, size in unlabelled.items():
+        if source in lang_sizes:
+            lang_sizes[source][UNLABELLED] = lang_sizes[source].get(UNLABELLED, 0.0) + size
+
+    source_weights, lang_weights = dict(weighting.source_weights), dict(weighting.lang_weights)
+    source_targets = (
+        _whole(source_sizes, source_weights)
+        if fits
+        else _share(budget_bytes, source_sizes, source_weights, weighting.source_alpha)
     )
-    for source, size in source_sizes.items():
+    keep: dict[str, float] = {}
+    units: dict[str, dict[str, float]] = {}
+    for source, size in sorted(source_sizes.items()):
         target = source_targets[source]
-        keep[source] = min(1.0, target / size) if size else 0.0
-        plan[source] = {"size": size, "target": round(target, 1)}
+        units[source] = {"size": size, "target": round(target, 1)}
         langs = lang_sizes.get(source)
         if not langs:
+            keep[source] = min(1.0, target / size) if size else 0.0
             continue
-        exact = sum(langs.values())
-        lang_targets = _share(min(target, exact), langs, dict(weighting.lang_weights), weighting.lang_alpha)
-        for lang, lang_size in langs.items():
-            unit = f"{source}/{lang}" if lang else source
+        lang_targets = (
+            _whole(langs, lang_weights)
+            if fits
+            else _share(min(target, size), langs, lang_weights, weighting.lang_alpha)
+        )
+        for lang, lang_size in sorted(langs.items()):
+            unit = f"{source}/{lang}"
             keep[unit] = min(1.0, lang_targets[lang] / lang_size) if lang_size else 0.0
-            plan[unit] = {"size": lang_size, "target": round(lang_targets[lang], 1)}
-    return keep, part_langs, plan
+            units[unit] = {"size": lang_size, "target": round(lang_targets[lang], 1)}
+        units[source]["target"] = round(sum(lang_targets.values()), 1)  # what its languages can reach
+    return SamplePlan(keep, part_langs, units, frozenset(lang_sizes))
 
 
 def sample_texts(
@@ -170,55 +269,51 @@ def sample_texts(
 
     When the split fits the budget, every document is used, in (source, part, row) order. Otherwise
     the budget is shared over sources and languages (see `Weighting`; the default is proportional to
-    size) and each document is kept with probability target / size of its unit, decided by a generator
-    seeded with (seed, part number, row group), so the sample is the same on every run and spreads over
-    all sources; a row group with no kept document is not read at all. Documents that would overflow
-    the budget are left out. `sample` (if given) is updated with the documents and bytes yielded.
+    size) and each document is kept with probability p = target / size of its unit, by systematic
+    sampling over the unit's documents in order (`_SystematicPicker`), so the count kept is p times the
+    count seen to within one, the bytes drawn stay close to the target, and the sample is the same on
+    every run; a row group with no kept document is not read at all. A unit takes no document that would
+    carry it further past its target than it is short of it (an early unit's luck never eats a later
+    one's share), and documents that would overflow the budget are left out. `sample` (if given) is
+    updated with the documents and bytes yielded, and its `units` with the bytes drawn per unit.
     """
     weighting = weighting or Weighting()
     parts = document_parts(documents_dir, split)
     files = [open_part(p) for p in parts]
-    keep, part_langs, plan = plan_sample(parts, files, budget_bytes, weighting)
+    plan = plan_sample(parts, files, budget_bytes, weighting)
     sample = sample if sample is not None else Sample()
-    sample.units = {unit: {**row, "drawn": 0} for unit, row in plan.items()}
+    sample.units = {unit: {**row, "drawn": 0} for unit, row in plan.units.items()}
+    picker = _SystematicPicker(plan.keep, seed)
     for part_index, (path, part) in enumerate(zip(parts, files, strict=True)):
         source = path.parent.name
+        totals = sample.units[source]
         sample.parts.append(path.relative_to(documents_dir).as_posix())
-        langs = part_langs[part_index]
+        labelled = plan.part_langs[part_index] is not None
         for group in range(part.metadata.num_row_groups):
             rows = part.metadata.row_group(group).num_rows
-            languages: list[str] | None = None
-            if langs is not None:
-                languages = [
-                    lang or "" for lang in part.read_row_group(group, columns=["lang"]).column(0).to_pylist()
-                ]
-                probability = np.array(
-                    [keep.get(f"{source}/{lang}" if lang else source, 0.0) for lang in languages]
-                )
+            if labelled:
+                langs = part.read_row_group(group, columns=["lang"]).column(0).to_pylist()
+                names = [plan.unit(source, lang) for lang in langs]
             else:
-                probability = np.full(rows, keep.get(source, 0.0))
-            if probability.min(initial=1.0) < 1.0:
-                rng = np.random.Generator(np.random.PCG64([seed, part_index, group]))
-                chosen = np.flatnonzero(rng.random(rows) < probability)
-                if chosen.size == 0:
-                    continue
-                texts = part.read_row_group(group, columns=["text"]).column("text").take(chosen).to_pylist()
-            else:
-                chosen = np.arange(rows)
-                texts = part.read_row_group(group, columns=["text"]).column("text").to_pylist()
+                names = [plan.unit(source, None)] * rows
+            chosen = picker.pick(names)
+            if chosen.size == 0:
+                continue
+            column = part.read_row_group(group, columns=["text"]).column("text")
+            texts = (column if chosen.size == rows else column.take(chosen)).to_pylist()
             batch: list[str] = []
             for row, text in zip(chosen.tolist(), texts, strict=True):
                 if not text:
                     continue
                 size = len(text.encode("utf-8"))
-                if sample.bytes + size > budget_bytes:
+                unit = sample.units[names[row]]
+                if sample.bytes + size > budget_bytes or unit["drawn"] + size / 2 > unit["target"]:
                     continue
                 sample.bytes += size
                 sample.documents += 1
-                lang = languages[row] if languages is not None else ""
-                unit = sample.units.get(f"{source}/{lang}" if lang else source)
-                if unit is not None:
-                    unit["drawn"] += size
+                unit["drawn"] += size
+                if unit is not totals:
+                    totals["drawn"] += size
                 batch.append(text)
                 if len(batch) >= batch_docs:
                     yield batch
