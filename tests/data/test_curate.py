@@ -73,6 +73,7 @@ def test_curate_end_to_end(tmp_path, write, source, config):
     assert [s["step"] for s in stats["steps"]] == [
         "read",
         "normalize",
+        "boilerplate",
         "language_id",
         "length_filter",
         "pii",

@@ -48,6 +48,16 @@ class SourceConfig:
 
 
 @dataclass
+class BoilerplateConfig:
+    enabled: bool = option(
+        True, help="strip publishers' wrappers (headers, licence footers) from non-code documents"
+    )
+    publishers: list[str] = option(
+        ["gutenberg"], help="wrappers to strip, by name (known: gutenberg); see data/filters/boilerplate.py"
+    )
+
+
+@dataclass
 class LangIdConfig:
     enabled: bool = option(True, help="identify the language of every non-code document (lang, lang_score)")
     max_chars: int = option(
@@ -242,6 +252,7 @@ class DataConfig:
     shard_bytes: int = option(
         64_000_000, range=(1_000, 10**12), help="input bytes per work shard (large files split by records)"
     )
+    boilerplate: BoilerplateConfig = field(default_factory=BoilerplateConfig)
     langid: LangIdConfig = field(default_factory=LangIdConfig)
     gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)
     gopher_repetition: GopherRepetitionConfig = field(default_factory=GopherRepetitionConfig)

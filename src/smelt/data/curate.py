@@ -1,6 +1,7 @@
 """The curate stage: raw files -> documents (parquet parts per split and source) + stats.
 
-Order of steps (design section 5): read (+ extraction) -> normalize -> language id -> heuristic filters
+Order of steps (design section 5): read (+ extraction) -> normalize -> publishers' wrappers (Project
+Gutenberg headers and licences, stripped before language id reads the text) -> language id -> heuristic filters
 -> length filter -> quality scoring -> PII -> unique ids -> exact dedup -> MinHash near-dedup ->
 boilerplate line removal -> quality top fraction -> decontamination -> split (dedup before the split,
 so a near-duplicate cluster never straddles splits; decontamination last, on what would be trained on).
@@ -44,6 +45,7 @@ from smelt.data.executor import (
     start_method,
 )
 from smelt.data.filters import FILTER_STEPS, LengthFilter
+from smelt.data.filters.boilerplate import Boilerplate
 from smelt.data.ids import UniqueIds
 from smelt.data.langid import LanguageId
 from smelt.data.normalize import Normalize
@@ -76,6 +78,7 @@ def build_steps(cfg: DataConfig) -> list[Step]:
     """The curation steps in design order; per-document steps first (they run in the map phase)."""
     steps: list[Step | None] = [
         Normalize.from_config(cfg),
+        Boilerplate.from_config(cfg),
         LanguageId.from_config(cfg),
         *(step.from_config(cfg) for step in FILTER_STEPS),
         LengthFilter(cfg.min_chars, cfg.max_chars),
