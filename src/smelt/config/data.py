@@ -45,6 +45,12 @@ class SourceConfig:
         "id",
         help="provenance unit hashed into a split: id, url, domain, file, dir, or field:<record field>",
     )
+    part_chars: int = option(
+        200_000,
+        range=(0, 10**12),
+        help="format text (not code): a longer file becomes documents of about this many characters, cut "
+        "at blank lines (else line ends), ids <file>#part0000, all in the file's split; 0: one per file",
+    )
 
 
 @dataclass

@@ -56,7 +56,7 @@ from smelt.data.readers import ReadSpec, check_readable
 from smelt.data.shards import WorkShard, plan_shards, read_plan, write_plan
 from smelt.data.sources import resolve_all
 from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
-from smelt.data.stats import KeptStats, build_stats
+from smelt.data.stats import KeptStats, build_stats, loss_warnings, removed_chars, warning_text
 from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
 from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
 from smelt.manifest import write_json
@@ -188,9 +188,12 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
     n_docs = sum(sum(c.values()) for c in units.values())
     del units  # an entry per unit, by default per document: not to be held through the reduce
     kept, reduce_entries = _reduce(shards, map_dir, corpus_steps, ledger, out_dir, cfg.docs_per_part, n_docs)
+    removed: dict[str, Counter] = {}
     for source in cfg.sources:
         mine = [e for e in reduce_entries if e["source"] == source.name]
-        write_quarantine([*entries_of(source.name), *mine], source.name, out_dir)
+        entries = [*entries_of(source.name), *mine]
+        removed[source.name] = removed_chars(entries)
+        write_quarantine(entries, source.name, out_dir)
 
     forced = {
         source: {split: sum(1 for s in moves.values() if s == split) for split in (VAL, TEST)}
@@ -205,6 +208,7 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
     stats = build_stats(
         names, {n: len(resolved[n][1]) for n in names}, ledger, kept, [s.name for s in steps], extra
     )
+    stats["warnings"] = loss_warnings(stats, removed)
     write_json(out_dir / "stats.json", stats)
     (out_dir / "retention.svg").write_text(retention_svg(stats), encoding="utf-8")
     shutil.rmtree(work)
@@ -216,6 +220,8 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
         f"{sum(stats['dropped'].values())} dropped, {sum(stats['quarantined'].values())} quarantined; "
         f"identity in = kept + dropped + quarantined holds"
     )
+    for warning in stats["warnings"]:
+        log(f"curate: warning: {warning_text(warning, str(out_dir))}")
     return stats
 
 

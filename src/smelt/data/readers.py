@@ -1,7 +1,7 @@
 """Readers: one file in, documents with provenance out; unreadable records go to the quarantine.
 
-Every reader increments `ledger.records_in` once per record it sees (a document or a quarantined
-record) and sets the file's status in `ledger.files`: "ok" (at least one record with visible text),
+Every reader increments `ledger.records_in` once per record it sees (a document, one part of a long
+text file, or a quarantined record) and sets the file's status in `ledger.files`: "ok" (at least one record with visible text),
 "empty" (no record, or only whitespace) or "unreadable" (nothing could be read as a document).
 """
 
@@ -12,6 +12,7 @@ import gzip
 import importlib.util
 import io
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +69,7 @@ class ReadSpec:
     url_field: str = ""
     extractor: str = "trafilatura"
     split_unit: str = "id"  # see data/split.py; "field:<name>" keeps that record field in meta
+    part_chars: int = 0  # text files longer than this become several documents (0: one per file)
 
     @property
     def unit_field(self) -> str:
@@ -75,6 +77,11 @@ class ReadSpec:
 
     @classmethod
     def of(cls, source: SourceConfig, index: int, root: Path) -> ReadSpec:
+        # A code file stays whole: it is its own unit, and the code filter bounds its size.
+        part_chars = source.part_chars if source.format == "text" and not source.code else 0
+        # A text file's id is its path, so `id` and `file` are the same unit until a file is cut into
+        # parts; then `file` keeps the parts of one book in one split.
+        split_unit = "file" if part_chars and source.split_unit == "id" else source.split_unit
         return cls(
             source.name,
             index,
@@ -84,7 +91,8 @@ class ReadSpec:
             source.id_field,
             source.url_field,
             source.extractor,
-            source.split_unit,
+            split_unit,
+            part_chars,
         )
 
 
@@ -150,10 +158,58 @@ def _read_text(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: dict
     text, bad = _decoded(data, spec, rel, rel, None, ledger)
     if text is None:
         return
-    doc = Doc(spec.name, spec.index, rel, text, rel)
-    if bad:
-        doc.meta["invalid_utf8"] = bad
-    yield doc
+    cuts = cut_points(text, spec.part_chars)
+    if not cuts:
+        doc = Doc(spec.name, spec.index, rel, text, rel)
+        if bad:
+            doc.meta["invalid_utf8"] = bad
+        yield doc
+        return
+    state["records"] += len(cuts)  # every part is a record of its own in the accounting
+    ledger.records_in[spec.name] += len(cuts)
+    line = 1
+    for number, (start, end) in enumerate(zip([0, *cuts], [*cuts, len(text)], strict=True)):
+        piece = text[start:end]
+        doc = Doc(spec.name, spec.index, f"{rel}{PART_MARK}{number:04d}", piece, rel, line)
+        if bad and "\ufffd" in piece:
+            doc.meta["invalid_utf8"] = piece.count("\ufffd")
+        line += piece.count("\n")
+        yield doc
+
+
+# A paragraph break: a line end followed by one or more blank (or whitespace-only) lines.
+_PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t\r\f\v]*\n)+")
+_LINE_BREAK = re.compile(r"\n")
+_SPACE = re.compile(r"\s+")
+PART_MARK = "#part"  # ids of the parts of a long text file: <file>#part0000, #part0001, ...
+
+
+def cut_points(text: str, part_chars: int) -> list[int]:
+    """Where to cut a text longer than `part_chars` characters into ceil(len / part_chars) parts of
+    about equal size: at each ideal cut, the nearest paragraph break within a quarter of a part, else
+    the nearest line break, else the nearest whitespace, else the ideal offset itself. The cut goes
+    after the break, so the parts joined are the text. Empty when the text is not longer than that."""
+    n = len(text)
+    if part_chars <= 0 or n <= part_chars:
+        return []
+    parts = -(-n // part_chars)
+    size = n / parts
+    cuts: list[int] = []
+    for k in range(1, parts):
+        ideal = round(k * size)
+        lo = max(cuts[-1] if cuts else 0, ideal - int(size / 4)) + 1
+        hi = min(n - 1, ideal + int(size / 4))
+        cuts.append(_nearest_break(text, ideal, lo, hi))
+    return cuts
+
+
+def _nearest_break(text: str, ideal: int, lo: int, hi: int) -> int:
+    """The end of the break nearest `ideal` with its end in [lo, hi], trying the kinds in order."""
+    for pattern in (_PARAGRAPH_BREAK, _LINE_BREAK, _SPACE):
+        ends = [m.end() for m in pattern.finditer(text, max(0, lo - 1), hi) if lo <= m.end() <= hi]
+        if ends:
+            return min(ends, key=lambda end: (abs(end - ideal), end))
+    return min(max(ideal, lo), hi)
 
 
 class _ZstdLines:

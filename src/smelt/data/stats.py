@@ -7,6 +7,7 @@ the whole run and for every source; a violation is a bug in smelt, not a user er
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from smelt.data.document import DROPPED, QUARANTINED, Doc, Ledger
@@ -136,6 +137,72 @@ def build_stats(
     return {**total, "sources": per_source, "steps": steps, **(extra or {})}
 
 
+# A source that keeps less than this share of the characters it read gets a warning.
+KEPT_SHARE_WARNING = 0.5
+
+
+def removed_chars(entries: Iterable[dict[str, Any]]) -> Counter:
+    """Characters and documents dropped, keyed (step, reason, "chars" | "documents"), from a source's
+    ledger entries (quarantined records have no text and are not counted)."""
+    removed: Counter = Counter()
+    for entry in entries:
+        if entry.get("kind") == DROPPED:
+            key = (entry.get("step") or "", entry.get("reason") or "")
+            removed[(*key, "chars")] += int(entry.get("chars") or 0)
+            removed[(*key, "documents")] += 1
+    return removed
+
+
+def loss_warnings(stats: dict[str, Any], removed: dict[str, Counter]) -> list[dict[str, Any]]:
+    """A warning per source that kept less than half the characters its readable documents held, naming
+    what removed the most: a drop reason, or a step cutting text out of documents it kept."""
+    warnings = []
+    for name, block in stats["sources"].items():
+        per_step = {row["step"]: row["sources"].get(name, {}) for row in stats["steps"]}
+        read = (per_step.get("read") or {}).get("chars_out", 0)
+        kept = sum(split["chars"] for split in block["splits"].values())
+        if not read or kept >= KEPT_SHARE_WARNING * read:
+            continue
+        causes: Counter = Counter()
+        documents: Counter = Counter()
+        dropped_in_step: Counter = Counter()
+        for (step, reason, what), n in removed.get(name, Counter()).items():
+            if what == "chars":
+                causes[(step, reason)] += n
+                dropped_in_step[step] += n
+            else:
+                documents[(step, reason)] += n
+        for step, figures in per_step.items():
+            inside = figures.get("chars_in", 0) - figures.get("chars_out", 0) - dropped_in_step[step]
+            if step != "read" and inside > 0:
+                causes[(step, "")] += inside
+        if not causes:
+            continue
+        (step, reason), chars = causes.most_common(1)[0]
+        warning = {"source": name, "chars_read": read, "chars_kept": kept, "kept_share": round(kept / read, 4),
+                   "step": step, "reason": reason, "reason_chars": chars,
+                   "reason_documents": documents[(step, reason)]}  # fmt: skip
+        warnings.append({**warning, "message": warning_text(warning)})
+    return warnings
+
+
+def warning_text(warning: dict[str, Any], documents_dir: str = "RUN") -> str:
+    """The sentence for a loss warning, with the `smelt inspect` command that shows what was removed."""
+    name, step, reason, chars = warning["source"], warning["step"], warning["reason"], warning["reason_chars"]
+    if reason:
+        cause = f"{reason} (step {step}: {chars:,} characters in {warning['reason_documents']:,} documents)"
+        look = f"smelt inspect documents {documents_dir} --dropped-by {step} --source {name}"
+    else:
+        cause = f"step {step} cutting text out of the documents it kept ({chars:,} characters)"
+        look = f"smelt inspect documents {documents_dir} --kept --source {name}"
+    kept, read = warning["chars_kept"], warning["chars_read"]
+    return (
+        f"source {name!r} kept {kept / read:.0%} of the text it read ({kept:,} of {read:,} characters); "
+        f"most was removed by {cause}. Look at it with `{look}`, then change that step's settings "
+        f"or the source's `filters` if it should have stayed."
+    )
+
+
 def retention_table(stats: dict[str, Any]) -> str:
     """Per-step and per-source retention as aligned text: what survived and why the rest did not."""
     lines = [f"{'step':<22} {'docs in':>9} {'docs out':>9} {'chars kept':>10}"]
@@ -151,4 +218,6 @@ def retention_table(stats: dict[str, Any]) -> str:
         top = ", ".join(f"{k}: {v}" for k, v in sorted(removed.items(), key=lambda kv: -kv[1])[:4])
         more = f" (+{len(removed) - 4} more)" if len(removed) > 4 else ""
         lines.append(f"{name:<14} {n_in:>7,} {block['documents_kept']:>7,} {share:>7}  {top}{more}")
+    for warning in stats.get("warnings") or []:
+        lines.append(f"\nwarning: {warning['message']}")
     return "\n".join(lines)

@@ -108,8 +108,11 @@ def retention_section(run: Run) -> str:
     sources_table = table(
         ["source", "documents in", "kept", "kept %", "removed (reason: documents)"], source_rows
     )
+    warnings = "".join(
+        f'<p class="diff">warning: {esc(w.get("message", w))}</p>' for w in stats.get("warnings") or []
+    )
     return (
-        f"<div>{svg}</div><h3>Documents after each step, per source</h3>{steps_table}"
+        f"{warnings}<div>{svg}</div><h3>Documents after each step, per source</h3>{steps_table}"
         f"<h3>Per source</h3>{sources_table}"
     )
 
