@@ -2,6 +2,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Extras `make install` adds. langid-lingua (the lingua language-id backend, 96 MB) is here so that its
+# tests run; `make install EXTRAS=dev` leaves it out.
+EXTRAS ?= dev,langid-lingua
 
 .PHONY: install quickstart test bench lint clean
 
@@ -12,7 +15,7 @@ $(BIN)/python:
 # Reinstall only when the package metadata or the pins change.
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 install: $(STAMP)

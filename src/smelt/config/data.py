@@ -71,6 +71,12 @@ class LangIdConfig:
         range=(50, 10**9),
         help="characters classified per document; longer ones are sampled in 4 windows spread over the text",
     )
+    backend: str = option(
+        "py3langid",
+        choices=("py3langid", "lingua", "lingua_low"),
+        help="py3langid (fast, in the base install); lingua (more accurate, ~1.2 GB of models; the "
+        "langid-lingua extra); lingua_low (lingua's low-accuracy mode, ~130 MB)",
+    )
 
 
 @dataclass
