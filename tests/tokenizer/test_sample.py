@@ -150,3 +150,19 @@ def test_the_report_flags_a_source_drawn_short(tmp_path):
     html = tokenizer_section(Run(tmp_path, tmp_path / "metrics.jsonl", []))
     assert '<tr class="diff"><td>prose</td>' in html
     assert "drawn more than 10% below target: prose." in html
+
+
+def test_a_source_of_a_few_long_documents_is_drawn_in_pieces_close_to_its_target(tmp_path):
+    """Five 64 kB books get a 94 kB target: whole documents could only give 64 or 128 kB."""
+    books = [
+        ("\n".join(f"Book {b} line {i} of the long story." for i in range(1800)), None) for b in range(5)
+    ]
+    write_part(tmp_path, "books", books)
+    write_part(tmp_path, "notes", docs("n", None, 800, words=10))
+    sample, texts = draw(tmp_path, 120_000, Weighting())
+    assert_within(sample)
+    assert abs(sample.units["books"]["drawn"] - sample.units["books"]["target"]) < 0.05 * 94_000
+    whole = [text for text, _ in books]
+    pieces = [t for t in texts if t.startswith("Book")]
+    assert len(pieces) > 5 and all(any(piece in book for book in whole) for piece in pieces)
+    assert all(piece.endswith("\n") or any(book.endswith(piece) for book in whole) for piece in pieces)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -19,6 +20,8 @@ from smelt.errors import UserError
 UNLABELLED = "und"
 # A source or language drawn below this share of its target is flagged in the report.
 DRAWN_TOLERANCE = 0.1
+# When the budget binds, a longer document is drawn in pieces of about this many characters.
+PIECE_CHARS = 4_096
 
 
 def _text_bytes_estimate(part: pq.ParquetFile) -> int:
@@ -145,40 +148,76 @@ def _lang_sizes(part: pq.ParquetFile) -> list[dict[str, int]] | None:
 
 
 class _SystematicPicker:
-    """Keeps the i-th document (counting from 0 within its unit) when floor(p (i + 1) + u) > floor(p i + u):
-    with start u uniform in [0, 1), every document is kept with probability p, and the first n documents
-    of a unit always yield floor(p n) or floor(p n) + 1 kept ones."""
+    """Systematic sampling with unequal probabilities (Madow's method), one stream per source: with p_i
+    the keep probability of the i-th document (or piece) of a source, its unit's, and C_i = p_1 + ... +
+    p_i, it is kept when floor(C_i + u) > floor(C_(i-1) + u), u uniform in [0, 1) drawn from the seed and
+    the source name. Each is kept with probability p_i, and the count kept from a source is C_n to
+    within one, so the draws of its languages do not add up their independent luck."""
 
-    def __init__(self, keep: dict[str, float], seed: int):
-        self.keep = keep
+    def __init__(self, seed: int):
         self.seed = seed
-        self.seen: dict[str, int] = {}
+        self.total: dict[str, float] = {}  # C so far, per source
         self.start: dict[str, float] = {}
 
-    def _start(self, unit: str) -> float:
-        if unit not in self.start:
-            stream = np.random.PCG64([self.seed, zlib.crc32(unit.encode("utf-8"))])
-            self.start[unit] = float(np.random.Generator(stream).random())
-        return self.start[unit]
+    def _start(self, source: str) -> float:
+        if source not in self.start:
+            stream = np.random.PCG64([self.seed, zlib.crc32(source.encode("utf-8"))])
+            self.start[source] = float(np.random.Generator(stream).random())
+        return self.start[source]
 
-    def pick(self, names: list[str]) -> np.ndarray:
-        """Indices of the kept rows among the next rows, whose units are `names`."""
-        if not names:
-            return np.zeros(0, dtype=np.int64)
-        labels = np.array(names, dtype=object)
-        kept = np.zeros(len(names), dtype=bool)
-        for unit in dict.fromkeys(names):
-            rows = np.flatnonzero(labels == unit) if len(set(names)) > 1 else np.arange(len(names))
-            first = self.seen.get(unit, 0)
-            self.seen[unit] = first + rows.size
-            p = self.keep.get(unit, 0.0)
-            if p >= 1.0:
-                kept[rows] = True
-            elif p > 0.0:
-                index = np.arange(first, first + rows.size, dtype=np.float64)
-                u = self._start(unit)
-                kept[rows] = np.floor(p * (index + 1) + u) > np.floor(p * index + u)
-        return np.flatnonzero(kept)
+    def pick(self, source: str, probability: np.ndarray) -> np.ndarray:
+        """Indices of the kept rows among the source's next rows, whose keep probabilities are given."""
+        before = self.total.get(source, 0.0)
+        after = before + np.cumsum(np.minimum(probability, 1.0))
+        if after.size:
+            self.total[source] = float(after[-1])
+        u = self._start(source)
+        previous = np.concatenate(([before], after[:-1]))
+        return np.flatnonzero((np.floor(after + u) > np.floor(previous + u)) & (probability > 0))
+
+
+def _drawn_texts(
+    column: pa.ChunkedArray, probability: np.ndarray, picker: _SystematicPicker, source: str
+) -> Iterator[tuple[int, str]]:
+    """(row, text) of what a row group gives the sample. A document longer than PIECE_CHARS counts as
+    ceil(length / PIECE_CHARS) pieces, each drawn with the document's probability: a source of a few
+    long documents is then drawn close to its target too. A document whose every piece is drawn is
+    yielded whole; otherwise its drawn pieces, cut at line ends."""
+    if probability.min() >= 1.0:
+        yield from enumerate(column.to_pylist())
+        return
+    chars = pc.fill_null(pc.utf8_length(column), 0).to_numpy(zero_copy_only=False)
+    pieces = np.maximum(1, -(-chars // PIECE_CHARS))
+    chosen = picker.pick(source, np.repeat(probability, pieces))
+    if chosen.size == 0:
+        return
+    row_of = np.repeat(np.arange(len(pieces)), pieces)
+    first_piece = np.concatenate(([0], np.cumsum(pieces)[:-1]))
+    rows = np.unique(row_of[chosen])
+    texts = column.take(rows).to_pylist()
+    by_row: dict[int, list[int]] = {}
+    for piece in chosen.tolist():
+        by_row.setdefault(int(row_of[piece]), []).append(piece - int(first_piece[row_of[piece]]))
+    for row, text in zip(rows.tolist(), texts, strict=True):
+        drawn = by_row[row]
+        if len(drawn) == pieces[row]:
+            yield row, text
+            continue
+        bounds = _piece_bounds(text or "", int(pieces[row]))
+        for index in drawn:
+            yield row, (text or "")[bounds[index] : bounds[index + 1]]
+
+
+def _piece_bounds(text: str, pieces: int) -> list[int]:
+    """pieces + 1 offsets cutting `text` into `pieces` even pieces, each cut moved to the next line end
+    when there is one within half a piece, so that a cut rarely falls inside a word."""
+    n = len(text)
+    bounds = [0]
+    for k in range(1, pieces):
+        ideal = k * n // pieces
+        line_end = text.find("\n", ideal, ideal + n // (2 * pieces))
+        bounds.append(max(bounds[-1], line_end + 1 if line_end >= 0 else ideal))
+    return [*bounds, n]
 
 
 @dataclass
@@ -269,13 +308,14 @@ def sample_texts(
 
     When the split fits the budget, every document is used, in (source, part, row) order. Otherwise
     the budget is shared over sources and languages (see `Weighting`; the default is proportional to
-    size) and each document is kept with probability p = target / size of its unit, by systematic
-    sampling over the unit's documents in order (`_SystematicPicker`), so the count kept is p times the
-    count seen to within one, the bytes drawn stay close to the target, and the sample is the same on
-    every run; a row group with no kept document is not read at all. A unit takes no document that would
-    carry it further past its target than it is short of it (an early unit's luck never eats a later
-    one's share), and documents that would overflow the budget are left out. `sample` (if given) is
-    updated with the documents and bytes yielded, and its `units` with the bytes drawn per unit.
+    size) and each document, or each piece of about PIECE_CHARS characters of a longer one, is kept
+    with probability p = target / size of its unit, by systematic sampling over each source's pieces
+    in order (`_SystematicPicker`): the count kept is the expected count to within one, so the bytes
+    drawn stay close to the target, and the sample is the same on every run. A source takes no text that
+    would carry it further past its target than it is short of it (an early source's luck never eats a
+    later one's share), and texts that would overflow the budget are left out. Only row groups with
+    nothing to draw (weight 0) are not read. `sample` (if given) is updated with the texts (documents
+    or pieces) and bytes yielded, and its `units` with the bytes drawn per unit.
     """
     weighting = weighting or Weighting()
     parts = document_parts(documents_dir, split)
@@ -283,7 +323,7 @@ def sample_texts(
     plan = plan_sample(parts, files, budget_bytes, weighting)
     sample = sample if sample is not None else Sample()
     sample.units = {unit: {**row, "drawn": 0} for unit, row in plan.units.items()}
-    picker = _SystematicPicker(plan.keep, seed)
+    picker = _SystematicPicker(seed)
     for part_index, (path, part) in enumerate(zip(parts, files, strict=True)):
         source = path.parent.name
         totals = sample.units[source]
@@ -296,18 +336,17 @@ def sample_texts(
                 names = [plan.unit(source, lang) for lang in langs]
             else:
                 names = [plan.unit(source, None)] * rows
-            chosen = picker.pick(names)
-            if chosen.size == 0:
-                continue
+            probability = np.array([plan.keep.get(name, 0.0) for name in names])
+            if not probability.any():
+                continue  # nothing of this row group can be drawn: not read
             column = part.read_row_group(group, columns=["text"]).column("text")
-            texts = (column if chosen.size == rows else column.take(chosen)).to_pylist()
             batch: list[str] = []
-            for row, text in zip(chosen.tolist(), texts, strict=True):
+            for row, text in _drawn_texts(column, probability, picker, source):
                 if not text:
                     continue
                 size = len(text.encode("utf-8"))
                 unit = sample.units[names[row]]
-                if sample.bytes + size > budget_bytes or unit["drawn"] + size / 2 > unit["target"]:
+                if sample.bytes + size > budget_bytes or totals["drawn"] + size / 2 > totals["target"]:
                     continue
                 sample.bytes += size
                 sample.documents += 1
