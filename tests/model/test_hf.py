@@ -1,6 +1,8 @@
 """Hugging Face export / import: logit parity with transformers in fp32, tokenizer parity, refusals."""
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,11 @@ from smelt.config import ModelConfig
 from smelt.errors import UserError
 from smelt.model.hf import export_model, import_hf
 from smelt.model.transformer import Transformer
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 transformers = pytest.importorskip("transformers")
 
@@ -168,3 +175,62 @@ def test_export_hf_from_a_checkpoint(tmp_path):
     with pytest.raises(UserError, match="tokenizer.json is missing"):
         export_hf(ckpt, tmp_path / "no-tokenizer", tmp_path / "third")
     assert not (tmp_path / "third" / "model.safetensors").exists()
+
+
+def test_generate_takes_the_tokenizers_output_as_is(tmp_path):
+    tok_dir = make_tokenizer(tmp_path / "tokenizer")
+    out = export_model(build(), tmp_path / "hf", tokenizer_dir=tok_dir)
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_input_names"] == [
+        "input_ids",
+        "attention_mask",
+    ]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
+    inputs = hf_tok("def add(a, b):", return_tensors="pt")
+    assert set(inputs) == {"input_ids", "attention_mask"}  # no token_type_ids, which generate refuses
+    with torch.no_grad():
+        ids = hf.generate(**inputs, do_sample=False, max_new_tokens=5)
+    assert ids.shape[1] > inputs["input_ids"].shape[1]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_exported_files_respect_the_umask(tmp_path, umask):
+    tok_dir = make_tokenizer(tmp_path / "tokenizer")
+    previous = os.umask(umask)
+    try:
+        out = export_model(build(), tmp_path / "hf", tokenizer_dir=tok_dir)
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert "model.safetensors" in modes and "tokenizer.json" in modes
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask), modes
+
+
+def test_the_hf_extra_admits_transformers_5_and_lm_eval_keeps_its_pin():
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+
+    def transformers_spec(extra: str):
+        (req,) = [Requirement(r) for r in extras[extra] if Requirement(r).name == "transformers"]
+        return req.specifier
+
+    for extra in ("hf", "dev"):
+        assert transformers_spec(extra).contains("5.0.0") and transformers_spec(extra).contains("4.57.6")
+    # lm-eval 0.4.9 with datasets 3.x needs huggingface_hub < 1, which transformers 5 does not accept.
+    assert not transformers_spec("eval-check").contains("5.0.0")
+
+
+def test_import_reads_rope_parameters_as_transformers_5_saves_them():
+    from smelt.model.hf import config_from_hf
+
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1,
+            "intermediate_size": 128, "vocab_size": 256}  # fmt: skip
+    v5 = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}}
+    assert config_from_hf(v5).rope_theta == 5000.0
+    assert config_from_hf({**base, "rope_theta": 5000.0}).rope_theta == 5000.0  # 4.x layout
+    linear = {**base, "rope_parameters": {"rope_type": "linear", "rope_theta": 5000.0, "factor": 4.0}}
+    assert (config_from_hf(linear).rope_scaling, config_from_hf(linear).rope_factor) == ("linear", 4.0)
+    with pytest.raises(UserError, match="llama3"):
+        config_from_hf({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}})

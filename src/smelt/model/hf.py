@@ -20,6 +20,7 @@ the plain `safetensors` package.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,9 @@ def _tokenizer_files(tokenizer_dir: Path, out_dir: Path, max_len: int) -> dict[s
         # smelt's tokenizer.json adds no special tokens itself; a document starts after an EOS.
         "add_bos_token": False,
         "add_eos_token": False,
+        # Without this, PreTrainedTokenizerFast also returns token_type_ids, which Llama's generate
+        # refuses: `model.generate(**tokenizer(text, return_tensors="pt"))` must just work.
+        "model_input_names": ["input_ids", "attention_mask"],
     }
     (out_dir / "tokenizer_config.json").write_text(
         json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n"
@@ -171,6 +175,13 @@ def _tokenizer_files(tokenizer_dir: Path, out_dir: Path, max_len: int) -> dict[s
         json.dumps(special_map, indent=2, ensure_ascii=False) + "\n"
     )
     return ids
+
+
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it, so set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def export_model(
@@ -191,6 +202,8 @@ def export_model(
         special = _tokenizer_files(Path(tokenizer_dir), out_dir, model.cfg.max_seq_len)
     config = hf_config(model.cfg, model.vocab_size, dtype, special)
     save_file(hf_state_dict(model, dtype), str(out_dir / SAFETENSORS), metadata={"format": "pt"})
+    # safetensors creates its file owner-only (0600); give it the mode every other file here gets.
+    os.chmod(out_dir / SAFETENSORS, 0o666 & ~_umask())
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if special is not None:
         generation = {
@@ -251,6 +264,12 @@ def config_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelC
             f"{where}: model_type {model_type!r} cannot be imported; smelt reads llama and qwen3."
         )
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and "rope_theta" not in config:
+        # transformers 5 saves RoPE as rope_parameters {"rope_type", "rope_theta", scaling keys}; 4.x
+        # as top-level rope_theta and rope_scaling (with the same scaling keys), which is what smelt reads.
+        scaling = rope if rope.get("rope_type", "default") != "default" else None
+        config = {**config, "rope_theta": rope.get("rope_theta", 10_000.0), "rope_scaling": scaling}
     problems = []
     if config.get("head_dim", hidden // heads) != hidden // heads:
         problems.append(f"head_dim {config['head_dim']} != hidden_size / num_attention_heads")
