@@ -9,6 +9,27 @@ import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data(*needed: str) -> Path:
+    """The shared data directory: $SMELT_SHARED_DATA when set, else ../shared/data beside the repository.
+    When a path in `needed` (relative to it) is missing, print where it looked and exit with status 2,
+    like smelt's own errors for bad input."""
+    configured = os.environ.get("SMELT_SHARED_DATA")
+    root = Path(configured) if configured else REPO.parent / "shared" / "data"
+    missing = [name for name in needed if not (root / name).exists()]
+    if missing or not root.is_dir():
+        where = f"$SMELT_SHARED_DATA = {configured}" if configured else f"{root} (beside the repository)"
+        print(
+            f"error: the shared data set is not where this benchmark looked: {where} lacks "
+            f"{', '.join(missing) or 'everything'} (looked for {root / (missing or [''])[0]}). Set "
+            f"SMELT_SHARED_DATA to the folder that holds corpus/ and eval/, e.g. "
+            f"SMELT_SHARED_DATA=/path/to/shared/data python {Path(sys.argv[0]).as_posix()}.",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    return root
 
 
 def machine() -> dict[str, object]:

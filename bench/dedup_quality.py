@@ -1,7 +1,8 @@
 """Near-dedup quality against planted near-duplicates of real documents.
 
 Base documents are disjoint passages of the shared corpus (books, speeches, essays, Wikipedia, web
-pages; `../shared/data/corpus`). Each gets 0-3 variants made with known edits: word substitutions,
+pages; `corpus/` of the shared data set: $SMELT_SHARED_DATA, else ../shared/data beside the
+repository). Each gets 0-3 variants made with known edits: word substitutions,
 insertions, deletions, line reordering and added boilerplate lines, at an intensity drawn so that
 true Jaccard (word 5-grams) spreads over about 0.5-0.95. Everything goes through the curate code path
 (`plan_near_dedup` over parquet shards). Reported: pair precision over the reported pairs (each removed
@@ -31,10 +32,8 @@ from smelt.data.dedup.minhash import jaccard
 from smelt.data.dedup.near import plan_near_dedup
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
+from common import shared_data, write_result  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "corpus"
 BOILERPLATE = [
     "We use cookies to improve your experience. By continuing you accept our cookie policy.",
     "Home | About us | Contact | Privacy policy | Terms of service",
@@ -43,8 +42,11 @@ BOILERPLATE = [
 ]
 
 
-def real_lines(root: Path = SHARED) -> list[str]:
-    """Non-empty lines of the shared corpus' English prose and web text, in a fixed order."""
+def real_lines(root: Path | None = None) -> list[str]:
+    """Non-empty lines of the shared corpus' English prose and web text, in a fixed order. Without a
+    root, the corpus of the shared data set (exits with status 2, saying where it looked, when absent)."""
+    if root is None:
+        root = shared_data("corpus/prose", "corpus/web/dolma-cc-sample") / "corpus"
     lines: list[str] = []
     for path in sorted((root / "prose").rglob("*")):
         if path.is_file() and path.suffix in (".txt", ".raw", ""):
@@ -59,6 +61,13 @@ def real_lines(root: Path = SHARED) -> list[str]:
         for item in json.loads(truth.read_text(encoding="utf-8")).values():
             body = item.get("articleBody", "") if isinstance(item, dict) else ""
             lines.extend(line.strip() for line in body.splitlines() if len(line.split()) >= 4)
+    if not lines:
+        print(
+            f"error: no text lines under {root / 'prose'} or {root / 'web'}: the benchmark builds its "
+            f"documents from them. Point SMELT_SHARED_DATA at the shared data set.",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     return lines
 
 

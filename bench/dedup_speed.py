@@ -36,10 +36,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_result  # noqa: E402
+from common import shared_data, write_result  # noqa: E402
 from dedup_quality import passages, perturb, real_lines  # noqa: E402
 
 PER_SHARD = 20_000
+# The benchmark files the decontamination phase indexes, under the shared data set.
+EVAL_FILES = (
+    "eval/hellaswag/olmes_hellaswag_val1000_rc_5shot",
+    "eval/arc_easy/mosaic_arc_easy_test.jsonl",
+    "eval/mmlu/test",
+    "eval/gsm8k/test.jsonl",
+)
 
 
 def generate(n: int, directory: Path, seed: int = 0) -> list[Path]:
@@ -157,7 +164,7 @@ def text_steps(name: str, paths: list[Path]) -> dict:
         out["count_cpu_seconds"] = time.process_time() - cpu
         out["boilerplate_lines"] = len(step.boilerplate)
     else:
-        shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "eval"
+        shared = shared_data(*EVAL_FILES) / "eval"
         evals = [
             EvalSetConfig("hellaswag", str(shared / "hellaswag/olmes_hellaswag_val1000_rc_5shot"), "olmes"),
             EvalSetConfig("arc_easy", str(shared / "arc_easy/mosaic_arc_easy_test.jsonl"), "mosaic"),
@@ -222,6 +229,8 @@ def main() -> None:
         result["peak_rss_mb"] = round(rss / 1024, 1)
         print(json.dumps(result))
         return
+    # Before any work: say where the shared data was looked for when it is not there.
+    shared_data(*([] if args.shards else ["corpus/prose"]), *([] if args.skip_lines_decontam else EVAL_FILES))
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(args.shards or tmp)
         start = time.perf_counter()

@@ -40,6 +40,7 @@ from smelt.config.data import (  # noqa: F401  (smelt.config is where every sect
     SourceConfig,
     UrlFilterConfig,
 )
+from smelt.config.env import expand_env
 from smelt.config.fields import option
 from smelt.errors import ConfigError
 from smelt.model.presets import MODEL_PRESETS
@@ -499,6 +500,7 @@ def _coerce(tp: Any, value: Any, key: str, meta: typing.Mapping, origin: str) ->
     elif tp is str:
         if not isinstance(value, str):
             raise wrong()
+        value = expand_env(value, key, origin)
     elif tp is dict:
         if not isinstance(value, dict):
             raise wrong()
