@@ -8,9 +8,9 @@ intact; then it is skipped and its recorded result is reused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -19,7 +19,16 @@ from typing import Any
 
 from smelt.config import Config
 from smelt.errors import UserError
-from smelt.manifest import Stage, hash_files, read_manifest, write_json
+from smelt.lifecycle import (
+    changed_inputs,
+    changed_keys,
+    costly_work,
+    move_aside,
+    replace_cheap,
+    stage_lock,
+    trajectory_config,
+)
+from smelt.manifest import Stage, hash_file, hash_files, read_manifest, write_json
 from smelt.progress import log
 
 STAGES = ("curate", "tokenizer", "tokenize", "train", "eval")
@@ -154,34 +163,299 @@ def _execute(cfg: Config, stage: str, directory: Path, resume: bool = False) -> 
     raise ValueError(stage)
 
 
-def run_stage(cfg: Config, stage: str, force: bool = False) -> StageOutcome:
-    """Run one stage unless it is up to date (or `force`); return its result either way."""
+# The command that (re)makes each stage's output, for messages about stale or superseded work.
+STAGE_COMMANDS = {
+    "curate": "smelt curate CONFIG",
+    "tokenizer": "smelt tokenizer train CONFIG",
+    "tokenize": "smelt tokenize CONFIG",
+    "train": "smelt train CONFIG",
+    "eval": "smelt eval RUN",
+}
+# Stages a fork takes from its parent run when they would come out the same (the tokenizer always).
+LINKABLE_STAGES = ("curate", "tokenizer", "tokenize")
+
+
+@dataclass
+class Assessment:
+    """What running a stage now would do to its directory."""
+
+    spec: Stage
+    action: str  # "skip", "resume", "run", "link"
+    changes: list[str]  # trajectory keys and inputs that differ from what the directory holds
+    costly: str | None  # why the directory's contents must not be deleted
+    link_to: Path | None = None
+
+
+def fork_parent(cfg: Config) -> Any:
+    """The parent checkpoint of a fork (train.init_from), or None."""
+    if not cfg.train.init_from:
+        return None
+    from smelt.checkpoint.lineage import resolve_parent
+
+    return resolve_parent(cfg.train.init_from)
+
+
+def _stage_spec(cfg: Config, stage: str) -> Stage:
+    return Stage(
+        stage, stage_dir(cfg, stage), trajectory_config(_stage_config(cfg, stage)), _stage_inputs(cfg, stage),
+        cfg.run.seed,
+    )  # fmt: skip
+
+
+def _outputs_intact(directory: Path, manifest: dict[str, Any]) -> bool:
+    return all(
+        (directory / rel).is_file() and hash_file(directory / rel) == digest
+        for rel, digest in manifest.get("outputs", {}).items()
+    )
+
+
+def _differences(recorded: dict[str, Any] | None, spec: Stage) -> list[str] | None:
+    """Changed trajectory keys and inputs against a manifest or attempt record; None when the record
+    cannot say (none, or written before configs were recorded)."""
+    if not recorded or "config" not in recorded:
+        return None
+    changes = changed_keys(recorded["config"], spec.config)
+    changes += [f"input {name} changed" for name in changed_inputs(recorded.get("inputs", {}), spec.inputs)]
+    return changes
+
+
+def assess(cfg: Config, stage: str, force: bool = False, parent: Any = None) -> Assessment:
+    """Decide whether a stage is skipped, resumed, run afresh or linked from a fork's parent."""
     directory = stage_dir(cfg, stage)
-    spec = Stage(stage, directory, _stage_config(cfg, stage), _stage_inputs(cfg, stage), cfg.run.seed)
-    if not force and spec.up_to_date():
+    spec = _stage_spec(cfg, stage)
+    manifest = spec.read_manifest()
+    attempt = _read_attempt(directory) if manifest is None else None
+    if parent is not None and stage in LINKABLE_STAGES:
+        linked = _assess_link(cfg, stage, spec, parent)
+        if linked is not None:
+            return linked
+    if manifest is not None:
+        changes = _differences(manifest, spec)
+        if changes == [] and not force and _outputs_intact(directory, manifest):
+            return Assessment(spec, "skip", [], None)
+        if changes is None:
+            changes = ["its manifest predates recorded configs"]
+        elif not changes:
+            changes = ["--force" if force else "its outputs are damaged or incomplete"]
+        return Assessment(spec, "run", changes, costly_work(directory, manifest, None))
+    if not directory.exists() and not directory.is_symlink():
+        return Assessment(spec, "run", [], None)
+    changes = _differences(attempt, spec)
+    if changes == [] and stage in RESUMABLE_STAGES:
+        return Assessment(spec, "resume", [], None)
+    if changes is None:
+        changes = ["an interrupted attempt whose config was not recorded"]
+    elif not changes:
+        changes = [f"stage {stage!r} cannot resume an interrupted attempt"]
+    return Assessment(spec, "run", changes, costly_work(directory, None, attempt))
+
+
+def _assess_link(cfg: Config, stage: str, spec: Stage, parent: Any) -> Assessment | None:
+    """A fork reuses its parent's tokenizer always, and its documents and token shards when its own
+    config would make the same ones."""
+    directory, source = stage_dir(cfg, stage), parent.run_dir / STAGE_DIRS[stage]
+    if directory.is_symlink() and directory.resolve() == source.resolve():
+        return (
+            Assessment(spec, "skip", [], None)
+            if stage == "tokenizer" or _parent_matches(source, spec)
+            else None
+        )
+    if directory.exists():
+        if stage == "tokenizer":
+            own, theirs = read_manifest(directory) or {}, read_manifest(source) or {}
+            if own.get("outputs_hash") != theirs.get("outputs_hash"):
+                raise UserError(
+                    f"{directory} holds a tokenizer other than the parent's ({source}); a fork trains with "
+                    f"its parent's tokenizer. Use a new run directory (--set run.name=...) for the fork."
+                )
+            return Assessment(spec, "skip", [], None)
+        return None
+    if stage == "tokenizer" or _parent_matches(source, spec):
+        if read_manifest(source) is None:
+            raise UserError(f"the fork's parent has no finished {STAGE_DIRS[stage]}/ ({source}).")
+        return Assessment(spec, "link", [], None, link_to=source)
+    return None
+
+
+def _link_from_parent(cfg: Config, parent: Any, rank: int, timeout_s: float = 120.0) -> None:
+    """Before a fork's own stages run: take the parent's tokenizer, and its documents and shards where
+    this config would make the same ones (a fork with new data makes its own: `smelt run`)."""
+    for stage in LINKABLE_STAGES:
+        directory = stage_dir(cfg, stage)
+        if rank != 0:  # rank 0 makes the links; the others wait for them
+            deadline = time.time() + timeout_s
+            while not directory.exists() and time.time() < deadline:
+                time.sleep(0.2)
+            continue
+        if directory.exists() or directory.is_symlink():
+            continue
+        try:
+            found = assess(cfg, stage, False, parent)
+        except UserError:
+            return  # an upstream of it is missing too; the stage's own check names it
+        if found.action != "link":
+            return
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        directory.symlink_to(found.link_to.resolve(), target_is_directory=True)
+        log(f"[{stage}] taken from the parent run: {directory} -> {found.link_to}")
+
+
+def _parent_matches(source: Path, spec: Stage) -> bool:
+    manifest = read_manifest(source)
+    return manifest is not None and _differences(manifest, spec) == []
+
+
+def stale_upstream(cfg: Config, stage: str, parent: Any = None) -> list[str]:
+    """Upstream stages of `stage` whose outputs no longer match the config or the artifacts they were
+    made from, as lines naming what changed (raw files are not rehashed: `smelt curate` does that)."""
+    seen: set[str] = set()
+    todo = list(STAGE_INPUTS[stage])
+    while todo:
+        upstream = todo.pop()
+        if upstream not in seen:
+            seen.add(upstream)
+            todo.extend(STAGE_INPUTS[upstream])
+    closure = [s for s in STAGES if s in seen]
+    lines = []
+    for upstream in closure:
+        if parent is not None and upstream == "tokenizer":
+            continue  # a fork's tokenizer is its parent's, whatever [tokenizer] says
+        manifest = read_manifest(stage_dir(cfg, upstream))
+        if manifest is None:
+            continue  # _stage_inputs names a missing upstream with its own message
+        recorded = manifest.get("config")
+        if recorded is not None:
+            for change in changed_keys(recorded, trajectory_config(_stage_config(cfg, upstream))):
+                lines.append(f"{STAGE_DIRS[upstream]}/ was made with another config: {change}")
+        if upstream != "curate":
+            current = _stage_inputs(cfg, upstream)
+            for name in changed_inputs(manifest.get("inputs", {}), current):
+                lines.append(
+                    f"{STAGE_DIRS[upstream]}/ was made from an older {STAGE_DIRS[name]}/ ({name} has changed since)"
+                )
+    return lines
+
+
+def _stop_for_costly(cfg: Config, stage: str, found: Assessment) -> UserError:
+    directory = stage_dir(cfg, stage)
+    what = "\n  ".join(found.changes) or "(unknown)"
+    ways = (
+        f"fork a new run from its checkpoint, which keeps the weights and follows the new plan "
+        f"(`smelt train CONFIG --from {cfg.run_dir} --set run.name=NEW_NAME`), or pass --restart to move "
+        f"{directory.name}/ to {cfg.run_dir / 'superseded'}/ and start over from step 0"
+        if stage == "train"
+        else f"pass --restart to move {directory.name}/ to {cfg.run_dir / 'superseded'}/ and rerun the stage"
+    )
+    return UserError(
+        f"{directory} holds {found.costly} made under a different plan; nothing was changed or deleted. "
+        f"What differs:\n  {what}\nTo continue the existing work, undo these changes (logging, sinks, eval "
+        f"and checkpoint cadence may change freely). Otherwise {ways}."
+    )
+
+
+def run_stage(
+    cfg: Config, stage: str, force: bool = False, restart: bool = False, check_upstream: bool = False
+) -> StageOutcome:
+    """Run one stage unless it is up to date (or `force`); return its result either way.
+
+    A change of trajectory keys or inputs reruns a stage whose earlier output is cheap to remake; one
+    that holds committed checkpoints or more than a minute of work stops with exit 2 unless `restart`
+    (or `force`), and is then moved to RUN/superseded/, never deleted. `check_upstream` (single-stage
+    commands) first refuses stale upstream artifacts.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    lock = stage_lock(cfg.run_dir, stage) if rank == 0 else contextlib.nullcontext()
+    with lock:
+        return _run_stage_locked(cfg, stage, force, restart, check_upstream, rank)
+
+
+def _run_stage_locked(
+    cfg: Config, stage: str, force: bool, restart: bool, check_upstream: bool, rank: int
+) -> StageOutcome:
+    directory = stage_dir(cfg, stage)
+    parent = fork_parent(cfg)
+    if check_upstream:
+        stale = stale_upstream(cfg, stage, parent)
+        if stale:
+            raise UserError(
+                f"`{STAGE_COMMANDS[stage]}` would use stale inputs:\n  "
+                + "\n  ".join(stale)
+                + "\nRefresh them first (`smelt run CONFIG` reruns every stale stage in order), or undo the "
+                "config change."
+            )
+    if parent is not None and stage not in LINKABLE_STAGES:
+        _link_from_parent(cfg, parent, rank)
+    found = assess(cfg, stage, force or restart, parent)
+    spec = found.spec
+    if found.action == "skip":
         manifest = spec.read_manifest() or {}
         log(f"[{stage}] up to date, skipped ({directory})")
         return StageOutcome(stage, directory, True, 0.0, manifest.get("result", {}))
-    log(f"[{stage}] running -> {directory}")
-    attempt = {"config_hash": spec.config_hash, "inputs": spec.inputs}
-    interrupted = directory.exists() and spec.read_manifest() is None
-    resumable = interrupted and stage in RESUMABLE_STAGES and _read_attempt(directory) == attempt
-    rank = int(os.environ.get("RANK", "0"))
+    if found.action == "link":
+        if rank == 0:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            directory.symlink_to(found.link_to.resolve(), target_is_directory=True)
+        log(f"[{stage}] taken from the parent run: {directory} -> {found.link_to}")
+        return StageOutcome(stage, directory, True, 0.0, (read_manifest(directory) or {}).get("result", {}))
+    log(f"[{stage}] {'resuming' if found.action == 'resume' else 'running'} -> {directory}")
+    attempt = {"config_hash": spec.config_hash, "inputs": spec.inputs, "config": spec.config}
     if rank == 0:
-        if directory.exists() and not resumable:
-            shutil.rmtree(directory)  # stale outputs would otherwise leak into the output hashes
+        if found.action == "run" and (directory.exists() or directory.is_symlink()):
+            if found.costly and not (force or restart):
+                raise _stop_for_costly(cfg, stage, found)
+            if found.costly:
+                moved = move_aside(directory, cfg.run_dir)
+                log(f"[{stage}] previous output ({found.costly}) moved to {moved}, not deleted")
+            else:
+                replace_cheap(directory)  # stale outputs would otherwise leak into the output hashes
+                if found.changes:
+                    log(f"[{stage}] rerunning: " + "; ".join(found.changes[:6]))
         directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / ATTEMPT, attempt)
+        write_json(directory / ATTEMPT, {**attempt, "started": time.time()})
     else:  # under torchrun: rank 0 prepares the directory; the attempt file says it is ready
         _wait_for_attempt(directory, attempt)
     started = time.time()
-    result = _execute(cfg, stage, directory, resume=resumable)
+    result = _execute(cfg, stage, directory, resume=found.action == "resume")
     if rank != 0:
         return StageOutcome(stage, directory, False, round(time.time() - started, 3), result)
     (directory / ATTEMPT).unlink()
-    manifest = spec.write_manifest(started, extra={"result": result})
+    extra: dict[str, Any] = {"result": result, "settings": _stage_config(cfg, stage)}
+    if parent is not None and stage == "train":
+        extra["parent"] = parent.record()
+    manifest = spec.write_manifest(started, extra=extra)
     log(f"[{stage}] done in {manifest['wall_time_s']:.1f}s")
     return StageOutcome(stage, directory, False, manifest["wall_time_s"], result)
+
+
+def preflight(cfg: Config, stages: tuple[str, ...], force: bool = False, restart: bool = False) -> None:
+    """Before `smelt run` changes anything: stop when some stage would have to replace costly work
+    (its own config changed, or an upstream stage will rerun) and neither --restart nor --force is given."""
+    if force or restart:
+        return
+    parent = fork_parent(cfg)
+    rerunning: list[str] = []
+    for stage in STAGES:
+        if stage not in stages:
+            continue
+        upstream = [u for u in STAGE_INPUTS[stage] if u in rerunning]
+        directory = stage_dir(cfg, stage)
+        try:
+            found = assess(cfg, stage, False, parent)
+        except UserError:
+            if upstream or not (directory.exists() or directory.is_symlink()):
+                rerunning.append(stage)
+                continue
+            raise
+        if upstream and found.action in ("skip", "resume"):
+            manifest = read_manifest(directory)
+            found = Assessment(
+                found.spec, "run", [f"{u} will rerun" for u in upstream],
+                costly_work(directory, manifest, _read_attempt(directory)),
+            )  # fmt: skip
+        if found.action == "run":
+            rerunning.append(stage)
+            if found.costly and (directory.exists() and not directory.is_symlink()):
+                raise _stop_for_costly(cfg, stage, found)
 
 
 def run_pipeline(
@@ -189,16 +463,18 @@ def run_pipeline(
     stages: tuple[str, ...] = STAGES,
     force: bool = False,
     on_stage: Callable[[StageOutcome], None] | None = None,
+    restart: bool = False,
 ) -> dict[str, StageOutcome]:
-    """Run `stages` in pipeline order. A stage that reruns forces every later stage to rerun too
-    (their inputs changed), which the input hashes already guarantee."""
+    """Run `stages` in pipeline order. A stage that reruns makes every later stage rerun too (their
+    inputs changed), which the input hashes guarantee; costly work in the way stops the run first."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    preflight(cfg, stages, force, restart)
     write_json(cfg.run_dir / "config.json", cfg.to_dict())
     outcomes: dict[str, StageOutcome] = {}
     for stage in STAGES:
         if stage not in stages:
             continue
-        outcome = run_stage(cfg, stage, force=force)
+        outcome = run_stage(cfg, stage, force=force, restart=restart)
         outcomes[stage] = outcome
         if on_stage:
             on_stage(outcome)

@@ -46,6 +46,31 @@ def read_vocab_size(tokenizer_dir: Path) -> int:
         ) from exc
 
 
+def check_token_inputs(
+    tokens_dir: Path, tokenizer_dir: Path, tokens_meta: dict[str, Any], model_vocab: int
+) -> None:
+    """Token shards, tokenizer and model must agree on the vocabulary: shards made by another or a
+    larger tokenizer would train on the wrong ids (or index past the embedding)."""
+    try:
+        info = json.loads((Path(tokenizer_dir) / "smelt.json").read_text())
+    except (OSError, ValueError):
+        info = {}
+    shard_vocab, tok_vocab = tokens_meta.get("vocab_size"), info.get("vocab_size")
+    if shard_vocab is not None and tok_vocab is not None and not shard_vocab == tok_vocab == model_vocab:
+        raise UserError(
+            f"vocabulary mismatch: the token shards in {tokens_dir} were made with {shard_vocab} ids, the "
+            f"tokenizer in {tokenizer_dir} has {tok_vocab}, the model embeds {model_vocab}. Re-tokenize with "
+            f"the current tokenizer (`smelt tokenize CONFIG`, or `smelt run CONFIG` for the whole chain)."
+        )
+    made_with, current = tokens_meta.get("tokenizer_hash"), info.get("hash")
+    if made_with and current and made_with != current:
+        raise UserError(
+            f"the token shards in {tokens_dir} were made by another tokenizer ({made_with[:12]}) than the "
+            f"one in {tokenizer_dir} ({current[:12]}): the tokenizer was retrained after `smelt tokenize`. "
+            f"Run `smelt tokenize CONFIG` (or `smelt run CONFIG`) to refresh the shards."
+        )
+
+
 def has_tokens(split_dir: Path) -> bool:
     return split_dir.is_dir() and any(p.stat().st_size > 0 for p in split_dir.rglob("*.bin"))
 

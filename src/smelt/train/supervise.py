@@ -8,6 +8,10 @@ gives up with a summary and exit code 1.
 
 Every launch and exit goes to RUN/restarts.jsonl (the child owns RUN/train/metrics.jsonl). The
 child sees SMELT_ATTEMPT=1, 2, ... in its environment.
+
+`smelt train CONFIG --resume-from STEP` (prepare_resume_from) continues an interrupted run from an
+earlier checkpoint than its newest: the later ones move to train/checkpoints/superseded/, so the
+stage's ordinary resume, and every restart after it, starts from STEP.
 """
 
 from __future__ import annotations
@@ -26,8 +30,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from smelt.checkpoint.store import latest_checkpoint, read_meta
+from smelt.checkpoint.store import (
+    SUPERSEDED,
+    checkpoint_at_step,
+    latest_checkpoint,
+    read_meta,
+    set_aside_after,
+)
+from smelt.config import Config
 from smelt.errors import UserError
+from smelt.progress import log
 from smelt.train.watchdog import WATCHDOG_EXIT_CODE
 
 RESTARTS_LOG = "restarts.jsonl"
@@ -197,19 +209,57 @@ def supervise(
 def child_command(args: argparse.Namespace, first: bool) -> list[str]:
     """The `smelt train` command line of one attempt, rebuilt from the parsed arguments.
 
-    Without the supervisor's own flags; --force only on the first attempt (a restart must continue
-    the run, never start it over); `--resume auto` on restarts when the train command knows it.
+    Without the supervisor's own flags; --force and --resume-from only on the first attempt (a
+    restart must continue the run from its newest checkpoint, never start it over or rewind it);
+    `--resume auto` on restarts when the train command knows it.
     """
     argv = [sys.executable, "-m", "smelt.cli", "train", str(args.config)]
     for item in args.overrides:
         argv += ["--set", item]
     if first and args.force:
         argv.append("--force")
+    if first and getattr(args, "restart", False):
+        argv.append("--restart")
+    if first and getattr(args, "resume_from", None) is not None:
+        argv += ["--resume-from", str(args.resume_from)]
     if hasattr(args, "resume"):
         resume = args.resume if first else "auto"
         if resume:
             argv += ["--resume", str(resume)]
     return argv
+
+
+def prepare_resume_from(cfg: Config, step: int, restart: bool = False) -> list[Path]:
+    """`smelt train CONFIG --resume-from STEP`, before the train stage runs: check that STEP is a
+    committed, intact checkpoint of an interrupted run and move every later step directory to
+    checkpoints/superseded/ (kept, not deleted), so the stage resumes from STEP. Rank 0 alone moves;
+    returns where the moved directories went."""
+    from smelt.manifest import read_manifest
+    from smelt.pipeline import stage_dir
+
+    train_dir = stage_dir(cfg, "train")
+    if restart:
+        raise UserError(
+            f"--resume-from {step} continues the run from a checkpoint, and --restart/--force start it over "
+            f"from step 0: pass one of them."
+        )
+    if read_manifest(train_dir) is not None:
+        raise UserError(
+            f"--resume-from {step}: the train stage in {train_dir} is finished, and --resume-from continues an "
+            f"interrupted run. To train on from step {step} under a changed plan, fork a new run from that "
+            f"checkpoint: `smelt train CONFIG --from {cfg.run_dir}:{step} --set run.name=NEW_NAME`."
+        )
+    checkpoints_dir = train_dir / "checkpoints"
+    checkpoint_at_step(checkpoints_dir, step)
+    if int(os.environ.get("RANK", "0")) != 0:
+        return []
+    moved = set_aside_after(checkpoints_dir, step)
+    if moved:
+        log(
+            f"--resume-from {step}: {len(moved)} later checkpoint directories moved to "
+            f"{checkpoints_dir / SUPERSEDED} ({', '.join(p.name for p in moved)})"
+        )
+    return moved
 
 
 def run_supervised(args: argparse.Namespace) -> int:
