@@ -5,11 +5,12 @@ RUN must have been exported with `smelt export hf RUN` (or pass --hf). For each 
 subset smelt scores (`--limit`) is written to a jsonl file, and lm_eval scores it through a task
 YAML that reads that local file (`dataset_path: json`) with the same prompt template, choices and
 target delimiter, running the exported model with transformers. smelt scores the items twice: as
-`smelt eval` does (every prompt after an EOS) and without that EOS, which is how lm_eval's HF model
-feeds a context (no BOS is added: the exported tokenizer_config says add_bos_token = false). The
-report gives both accuracies (raw and length-normalized), their differences in points, and the
-largest per-request log-likelihood difference. Writes bench/results/lm_eval_crosscheck.json.
-Without lm_eval installed (`pip install lm-eval`), the script says so and exits with status 3.
+`smelt eval` does by default (eval.convention = "lm-eval": no token before the context, which is how
+lm_eval's HF model feeds one; the exported tokenizer_config says add_bos_token = false) and under
+eval.convention = "eos" (every prompt after an EOS). The report gives both accuracies (raw and
+length-normalized), their differences in points, and the largest per-request log-likelihood
+difference. Writes bench/results/lm_eval_crosscheck.json. Without lm_eval installed
+(`pip install lm-eval`), the script says so and exits with status 3.
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def task_yaml(name: str, data_file: Path, template: str) -> dict:
 
 
 def smelt_scores(model, tokenizer, task, batch_size: int) -> dict:
-    prep = prepare(task, tokenizer, model.cfg.max_seq_len, "skip")
-    with_eos = score_prepared(model, tokenizer, prep, batch_size, CPU)
-    # The same requests without the leading EOS, as lm_eval's HF model sees them.
-    bare = score_pairs(model, [(ctx[1:], cont) for ctx, cont in prep.pairs], batch_size, CPU)
+    eos_prep = prepare(task, tokenizer, model.cfg.max_seq_len, "skip", convention="eos")
+    with_eos = score_prepared(model, tokenizer, eos_prep, batch_size, CPU)
+    # smelt's default convention, "lm-eval": the requests as lm_eval's HF model sees them.
+    prep = prepare(task, tokenizer, model.cfg.max_seq_len, "skip", convention="lm-eval")
+    bare = score_pairs(model, prep.pairs, batch_size, CPU)
     per_item: dict[int, list[float]] = {}
     chars: dict[int, list[int]] = {}
     for (item, _), (logprob, _), n in zip(prep.owner, bare, prep.cont_chars, strict=True):

@@ -96,7 +96,7 @@ def test_multiple_choice_letters_prompt_and_continuations():
     records = [{"id": 0, "query": "Question: 2+2?", "choices": ["3", "4", "5"], "gold": 1}]
     prep = prepare(mc_task(records, "mc"), ByteTokenizer(), max_len=128)
     tok = ByteTokenizer()
-    assert tok.decode(prep.pairs[0][0][1:]) == "Question: 2+2?\nA. 3\nB. 4\nC. 5\nAnswer:"
+    assert tok.decode(prep.pairs[0][0]) == "Question: 2+2?\nA. 3\nB. 4\nC. 5\nAnswer:"
     assert [tok.decode(c) for _, c in prep.pairs] == [" A", " B", " C"]
     result = score_prepared(Uniform(), tok, prep, batch_size=4, device=CPU)
     assert result["acc"] == 0.0 and "acc_per_char" not in result  # all letters tie: index 0 wins
@@ -107,14 +107,14 @@ def test_few_shot_examples_precede_each_prompt_with_their_gold_answer():
     spec = TaskSpec("t", "t", "mosaic", "cloze", "{query} =", shots=2)
     task = Task(spec, records[2:], shots=records[:2], n_shots=2, total=10)
     prep = prepare(task, ByteTokenizer(), max_len=128)
-    assert ByteTokenizer().decode(prep.pairs[0][0][1:]) == "q0 = x0\n\nq1 = y1\n\nq2 ="
+    assert ByteTokenizer().decode(prep.pairs[0][0]) == "q0 = x0\n\nq1 = y1\n\nq2 ="
 
 
 def test_schema_and_lastword():
     tok = ByteTokenizer()
     records = [{"id": 0, "contexts": ["The cat", "The dog"], "continuation": "sat.", "gold": 1}]
     prep = prepare(mc_task(records, "schema"), tok, 64)
-    assert [tok.decode(c[1:]) for c, _ in prep.pairs] == ["The cat", "The dog"]
+    assert [tok.decode(c) for c, _ in prep.pairs] == ["The cat", "The dog"]
     assert {tok.decode(k) for _, k in prep.pairs} == {" sat."}
     lastword = prepare(mc_task([{"id": 0, "context": "a b", "continuation": "cde"}], "lastword"), tok, 64)
     result = score_prepared(Uniform(), tok, lastword, 1, CPU)

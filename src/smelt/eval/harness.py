@@ -10,9 +10,14 @@ lastword  the continuation is the target word (LAMBADA): accuracy = every token 
           choice; perplexity = exp(-mean log-probability of it)
 generate  greedy decoding until a stop string; exact match of the regex-extracted answer
 
-Every prompt is scored after one EOS, as training documents start. Requests are sorted by length and
-right-padded into batches: a causal model never attends to the padding after a row, so a request's
-score does not depend on which others share its batch.
+Prompt convention (eval.convention): "lm-eval" (the default) tokenizes requests as
+lm-evaluation-harness does for a Hugging Face model: the context's trailing whitespace moves to the
+front of the continuation, the context is encoded without any special token, the continuation is the
+tokens of context + continuation past the context's, and only an empty context becomes one EOS (its
+end-of-text token). "eos" puts one EOS before every context (and generation prompt), as training
+documents start after one, and splits context and continuation at the context's tokens where they
+merge. Requests are sorted by length and right-padded into batches: a causal model never attends to
+the padding after a row, so a request's score does not depend on which others share its batch.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from smelt.eval.tasks import LETTERS, Record, Task
 from smelt.progress import progress
 
 OVERLONG = ("error", "skip")
+CONVENTIONS = ("lm-eval", "eos")
 
 
 @dataclass
@@ -46,6 +52,7 @@ class Prepared:
     golds: list[Any] = field(default_factory=list)
     max_new_tokens: list[int] = field(default_factory=list)
     skipped: int = 0
+    convention: str = "lm-eval"
 
 
 def _fill(template: str, record: Record, task_name: str) -> str:
@@ -86,56 +93,92 @@ def render(task: Task, record: Record) -> tuple[list[str], list[str], Any]:
     raise ValueError(f"unknown formulation {form!r}")
 
 
+def check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise UserError(f"eval.convention = {convention!r} is not one of {', '.join(CONVENTIONS)}.")
+
+
+def prompt_ids(tokenizer: Any, text: str, convention: str = "lm-eval") -> list[int]:
+    """The token ids a prompt is fed as (a generation prompt, a gallery prompt): under "lm-eval" the
+    text's own tokens, one EOS for an empty text; under "eos" one EOS and then the text's tokens.
+    `transformers` generate on the exported model reproduces a greedy completion from these ids:
+    `tokenizer(text)` gives the same ids for the first convention (the export adds no special token)."""
+    check_convention(convention)
+    ids = tokenizer.encode(text) if text else []
+    return ids if convention == "lm-eval" and ids else [tokenizer.eos_id, *ids]
+
+
+def split_request(context: str, continuation: str, convention: str) -> tuple[str, str]:
+    """lm-eval moves a context's trailing whitespace to the front of its continuation (so "Answer: "
+    + "B" is scored as "Answer:" + " B"); the "eos" convention keeps the texts as rendered."""
+    if convention != "lm-eval":
+        return context, continuation
+    stripped = context.rstrip()
+    return stripped, context[len(stripped) :] + continuation
+
+
 def _shot_text(task: Task, shot: Record) -> str:
     prompts, conts, gold = render(task, shot)
     index = 0 if task.spec.formulation in ("lastword", "generate") else int(shot["gold"])
     return prompts[index] + conts[index]
 
 
-def prepare(task: Task, tokenizer: Any, max_len: int, overlong: str = "error") -> Prepared:
-    """Tokenize a task's requests; a request longer than max_len tokens is a UserError (or, with
-    overlong = "skip", its item is dropped and counted)."""
+def prepare(
+    task: Task, tokenizer: Any, max_len: int, overlong: str = "error", convention: str = "lm-eval"
+) -> Prepared:
+    """Tokenize a task's requests under `convention` (see the module docstring); a request longer than
+    max_len tokens is a UserError (or, with overlong = "skip", its item is dropped and counted)."""
+    check_convention(convention)
     spec = task.spec
-    texts: list[tuple[int, str, str]] = []
+    generate = spec.formulation == "generate"
+    texts: list[tuple[int, str, str, int]] = []  # (item, context, continuation, rendered answer chars)
     golds: dict[int, Any] = {}
     for index, record in enumerate(task.records):
         prefix = "".join(_shot_text(task, s) + spec.shot_separator for s in task.shots_for(record))
         prompts, conts, gold = render(task, record)
         golds[index] = gold
         for prompt, cont in zip(prompts, conts, strict=True):
-            texts.append((index, prefix + prompt, cont))
-    contexts = tokenizer.encode_batch([c for _, c, _ in texts])
-    wholes = tokenizer.encode_batch([c + k for _, c, k in texts])
-    conts = tokenizer.encode_batch([k for _, _, k in texts]) if spec.formulation != "generate" else None
+            context, continuation = prefix + prompt, cont
+            if not generate:
+                context, continuation = split_request(context, continuation, convention)
+            texts.append((index, context, continuation, len(cont)))
+    contexts = tokenizer.encode_batch([t[1] for t in texts])
+    wholes = tokenizer.encode_batch([t[1] + t[2] for t in texts]) if not generate else None
+    conts = tokenizer.encode_batch([t[2] for t in texts]) if not generate else None
     eos = tokenizer.eos_id
     too_long: set[int] = set()
     rows = []
-    for i, (index, _context, cont) in enumerate(texts):
-        ctx = [eos, *contexts[i]]
-        if spec.formulation == "generate":
+    for i, (index, context, _cont, n_chars) in enumerate(texts):
+        if generate:
+            ctx = [eos, *contexts[i]] if convention == "eos" or not context else contexts[i]
             need = len(ctx) + 1
         else:
-            # Tokenize context and continuation together (as the text would be seen), and fall back
-            # to separate encodings when a token merges across the boundary.
-            whole = wholes[i]
-            n = len(contexts[i])
-            cont_ids = whole[n:] if whole[:n] == contexts[i] and len(whole) > n else conts[i]
+            n, whole = len(contexts[i]), wholes[i]
+            if not context:  # lm-eval scores a continuation of nothing after its end-of-text token
+                ctx, cont_ids = [eos], conts[i]
+            elif convention == "lm-eval":
+                ctx, cont_ids = contexts[i], whole[n:] or conts[i]
+            else:
+                # Context and continuation tokenized together (as the text would be seen), falling back
+                # to separate encodings when a token merges across the boundary.
+                ctx = [eos, *contexts[i]]
+                cont_ids = whole[n:] if whole[:n] == contexts[i] and len(whole) > n else conts[i]
             need = len(ctx) + len(cont_ids) - 1
-            rows.append((index, ctx, cont_ids, len(cont)))
+            rows.append((index, ctx, cont_ids, n_chars))
         if need > max_len:
             too_long.add(index)
             if overlong == "error":
                 raise UserError(
                     f"task {spec.name!r}, item {task.records[index].get('id', index)}: the prompt"
-                    f"{'' if spec.formulation == 'generate' else ' and answer'} take {need} tokens but the "
+                    f"{'' if generate else ' and answer'} take {need} tokens but the "
                     f"model's context is {max_len}. Use fewer shots (eval.shots, now {task.n_shots}), drop "
                     f'the task, or set eval.overlong = "skip" to leave such items out (they are counted).'
                 )
-        if spec.formulation == "generate" and index not in too_long:
+        if generate and index not in too_long:
             rows.append((index, ctx, [], 0))
     kept = sorted(set(golds) - too_long)
     renumber = {old: new for new, old in enumerate(kept)}
-    prep = Prepared(task, [task.records[i] for i in kept], skipped=len(too_long))
+    prep = Prepared(task, [task.records[i] for i in kept], skipped=len(too_long), convention=convention)
     prep.golds = [golds[i] for i in kept]
     choice = -1
     last = None
@@ -144,7 +187,7 @@ def prepare(task: Task, tokenizer: Any, max_len: int, overlong: str = "error") -
             continue
         choice = choice + 1 if index == last else 0
         last = index
-        if spec.formulation == "generate":
+        if generate:
             prep.prompts.append(ctx)
             prep.max_new_tokens.append(min(spec.max_new_tokens, max_len - len(ctx)))
         else:
@@ -259,6 +302,7 @@ def score_prepared(
         "items": n,
         "skipped": prep.skipped,
         "shots": prep.task.n_shots,
+        "convention": prep.convention,
     }
     per_item: list[dict[str, Any]] = []
     if n == 0:  # every item was longer than the context: no score rather than a misleading 0

@@ -37,7 +37,9 @@ class InLoopEval:
         tasks_dir = resolve_tasks_dir(e.tasks_dir)
         for name in names:
             task = load_task(get_spec(name), tasks_dir, e.inloop_items, e.shots)
-            self.prepared[name] = prepare(task, self.tokenizer, cfg.model.max_seq_len, e.overlong)
+            self.prepared[name] = prepare(
+                task, self.tokenizer, cfg.model.max_seq_len, e.overlong, e.convention
+            )
 
     def due(self, step: int) -> bool:
         return bool(self.every and self.prepared and step % self.every == 0)

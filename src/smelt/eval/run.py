@@ -2,7 +2,8 @@
 
 A step file holds what the checkpoint and the task set determine: held-out loss and bits-per-byte,
 task scores (with the decontamination overlap of each task when curation measured it), sampled
-continuations and the greedy gallery. It is keyed by the checkpoint's hash and the task-set version
+continuations and the greedy gallery, and the prompt convention the tasks and gallery were tokenized
+under (eval.convention, see harness.py). It is keyed by the checkpoint's hash and the task-set version
 (a hash of everything else that decides the figures), so `--checkpoint all` skips checkpoints that
 already have a current file. The views are rebuilt from the step files after every evaluation:
     curves.jsonl   one {"step", "kind": "eval", ...} record per evaluated checkpoint, in step order
@@ -22,12 +23,12 @@ import torch
 
 from smelt.config import Config, hash_json
 from smelt.errors import UserError
-from smelt.eval.harness import Prepared, prepare, score_prepared
+from smelt.eval.harness import Prepared, prepare, prompt_ids, score_prepared
 from smelt.eval.tasks import SPECS, get_spec, load_task, resolve_tasks_dir
 from smelt.manifest import combined_hash, hash_file, read_manifest, write_json
 from smelt.progress import log
 
-HARNESS_VERSION = "tasks-v1"
+HARNESS_VERSION = "tasks-v2"  # v2: prompts under eval.convention (lm-eval by default)
 CURVES = "curves.jsonl"
 GALLERY = "gallery.json"
 
@@ -52,6 +53,7 @@ def task_set_version(cfg: Config, tasks: list[str], limit: int) -> str:
         "limit": limit,
         "shots": e.shots,
         "overlong": e.overlong,
+        "convention": e.convention,
         "heldout": [e.max_bytes, cfg.train.seq_len, cfg.train.doc_masking],
         "samples": [e.prompts, e.max_new_tokens, e.temperature, e.top_k, cfg.run.seed, e.gallery_tokens],
     }
@@ -155,16 +157,24 @@ class TaskCache:
         self.prepared: dict[str, Prepared] = {}
         for name in tasks:
             task = load_task(get_spec(name), self.tasks_dir, limit, cfg.eval.shots)
-            self.prepared[name] = prepare(task, tokenizer, max_len, cfg.eval.overlong)
+            self.prepared[name] = prepare(task, tokenizer, max_len, cfg.eval.overlong, cfg.eval.convention)
 
 
-def gallery(model: torch.nn.Module, tokenizer: Any, prompts: list[str], max_new_tokens: int) -> list[dict]:
-    """Greedy continuations of fixed prompts: deterministic, so checkpoints compare side by side."""
+def gallery(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    prompts: list[str],
+    max_new_tokens: int,
+    convention: str = "lm-eval",
+) -> list[dict]:
+    """Greedy continuations of fixed prompts: deterministic, so checkpoints compare side by side. Each
+    prompt is fed as `prompt_ids` gives it, so under the "lm-eval" convention `transformers` greedy
+    generate on the exported model, from `tokenizer(prompt)`, continues it with the same tokens."""
     from smelt.model.generate import generate
 
     if not prompts or not max_new_tokens:
         return []
-    ids = [[tokenizer.eos_id, *tokenizer.encode(p)] for p in prompts]
+    ids = [prompt_ids(tokenizer, p, convention) for p in prompts]
     rows = [generate(model, p, max_new_tokens, temperature=0.0, eos_id=tokenizer.eos_id) for p in ids]
     return [
         {"prompt": p, "completion": tokenizer.decode(r[len(i) :])}
@@ -222,10 +232,11 @@ def evaluate_checkpoint(
         "checkpoint": str(path),
         "checkpoint_hash": combined_hash(meta.get("checksums", {})),
         "task_set_version": task_set_version(cfg, tasks, limit),
+        "convention": e.convention,
         "heldout": heldout,
         "tasks": scores,
         "samples": sampled,
-        "gallery": gallery(model, tokenizer, e.prompts, e.gallery_tokens),
+        "gallery": gallery(model, tokenizer, e.prompts, e.gallery_tokens, e.convention),
     }
     # The file holds only what the checkpoint and task set determine, so re-scoring rewrites the same bytes.
     write_json(out_dir / result_name(path, meta), result)
@@ -299,6 +310,7 @@ def curve_record(result: dict[str, Any]) -> dict[str, Any]:
         "tokens": result.get("tokens_seen"),
         "checkpoint_hash": result.get("checkpoint_hash"),
         "task_set_version": result.get("task_set_version"),
+        "convention": result.get("convention"),
         "val_loss": overall.get("loss"),
         "bits_per_byte": overall.get("bits_per_byte"),
         "bits_per_byte_by_source": {
