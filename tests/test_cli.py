@@ -3,10 +3,11 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from smelt.cli import main
+from smelt.cli import command_parsers, main
 
 SUBCOMMANDS = [
     ["quickstart"],
@@ -135,3 +136,43 @@ def test_plan_model_prints_sizes(capsys):
 def test_plan_model_unknown_preset(capsys):
     code, err = run_cli(["plan", "model", "llama-1"], capsys)
     assert code == 2 and "llama-1b" in err
+
+
+def readme_option_table() -> dict[str, tuple[bool, bool]]:
+    """README's table of which commands take --set and --force: {command: (set, force)}."""
+    lines = (Path(__file__).resolve().parents[1] / "README.md").read_text().splitlines()
+    start = lines.index("| commands | `--set` | `--force` |")
+    table: dict[str, tuple[bool, bool]] = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        commands, takes_set, takes_force = (cell.strip() for cell in line.strip("|").split("|"))
+        for command in commands.split(","):
+            table[command.strip().strip("`")] = (takes_set.startswith("yes"), takes_force.startswith("yes"))
+    return table
+
+
+README_OPTIONS = readme_option_table()
+PARSERS = command_parsers()
+
+
+@pytest.mark.parametrize("command", sorted(set(README_OPTIONS) | set(PARSERS)))
+def test_readme_says_exactly_which_commands_take_set_and_force(command):
+    assert command in PARSERS, f"README's option table names `{command}`, which smelt does not have"
+    assert command in README_OPTIONS, f"`smelt {command}` is missing from README's option table"
+    options = {option for action in PARSERS[command]._actions for option in action.option_strings}
+    assert README_OPTIONS[command] == ("--set" in options, "--force" in options)
+    assert "--help" in options
+
+
+def test_eval_force_rescores_a_checkpoint_that_has_a_current_step_file(monkeypatch, tmp_path):
+    seen = {}
+
+    def evaluate_checkpoints(cfg, run_dir, which, tasks, limit, force=False):
+        seen.update(which=which, force=force)
+        return []
+
+    monkeypatch.setattr("smelt.eval.run.evaluate_checkpoints", evaluate_checkpoints)
+    path = write_config(tmp_path, "[run]\ndir = 'RUNS'\n")
+    assert main(["eval", str(path), "--checkpoint", "all", "--force"]) == 0
+    assert seen == {"which": "all", "force": True}

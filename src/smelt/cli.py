@@ -7,15 +7,18 @@ names the offending key, file or record and how to fix it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from smelt.config import Config, load_config
 from smelt.errors import UserError
+from smelt.progress import launch_rank
 from smelt.summary import eval_rows, flat, print_summary, print_table, summarize
 
 # (command, --help line, description) of the subcommands that take a pipeline file.
@@ -37,12 +40,16 @@ CONFIG_COMMANDS = [
 QUICKSTART_CONFIG = Path(__file__).resolve().parent / "configs" / "quickstart.toml"
 
 
-def _add_config_args(parser: argparse.ArgumentParser, config_help: str = "pipeline TOML file") -> None:
+def _add_config_args(
+    parser: argparse.ArgumentParser, config_help: str = "pipeline TOML file", force: bool = True
+) -> None:
     parser.add_argument("config", help=config_help)
-    _add_common(parser)
+    _add_common(parser, force)
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser: argparse.ArgumentParser, force: bool = True) -> None:
+    """`--set` for a command that reads a pipeline config; `--force` only where a cached result
+    could be reused (a command that recomputes everything every time has nothing to force)."""
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -51,7 +58,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override a config value (repeatable), e.g. --set train.lr=1e-3",
     )
-    parser.add_argument("--force", action="store_true", help="rerun even when the stage is up to date")
+    if force:
+        parser.add_argument("--force", action="store_true", help="rerun even when the stage is up to date")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "split: bytes per token, fertility, continued-word rate, longest and unused tokens; "
                 "writes a table, JSON and an SVG plot under RUN/tokenizer_eval/.",
             )
-            _add_config_args(p)
+            _add_config_args(p, force=False)
             p.add_argument(
                 "--tokenizer",
                 action="append",
@@ -205,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Rebuild the loader of CONFIG (mixture, curriculum, shuffle, packing) and decode the "
         "global batch of step N: the source of every row and where each document starts.",
     )
-    _add_config_args(p)
+    _add_config_args(p, force=False)
     p.add_argument("--step", type=int, required=True, help="optimizer step (1 is the first)")
     p.add_argument("--rows", type=int, default=8, help="rows of the global batch to show (0: all)")
     p = looks.add_parser(
@@ -273,10 +281,29 @@ def _quality_train_parser() -> argparse.ArgumentParser:
         "sources named by data.quality.positive_sources and negative_sources; then set "
         "data.quality.model to the file it writes.",
     )
-    _add_config_args(p)
+    _add_config_args(p, force=False)
     p.add_argument("--out", default=None, help="model file (default: RUN/quality/model.safetensors)")
     p.set_defaults(command="curate-quality-train")
     return p
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every command that runs something, by its words ("checkpoint verify"), with its parser: the
+    leaves of the subcommand tree plus `curate quality-train`. The README's table of which commands
+    take `--set` and `--force` is checked against this."""
+    found: dict[str, argparse.ArgumentParser] = {}
+
+    def walk(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if words and not subs:
+            found[" ".join(words)] = parser
+        for action in subs:
+            for name, child in action.choices.items():
+                walk(child, (*words, name))
+
+    walk(build_parser(), ())
+    found["curate quality-train"] = _quality_train_parser()
+    return found
 
 
 def _version() -> str:
@@ -287,22 +314,56 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["curate", "quality-train"]:  # a verb under `curate` that takes its own config
-        args = _quality_train_parser().parse_args(argv[2:])
-    else:
-        args = build_parser().parse_args(argv)
-    try:
-        return _dispatch(args)
-    except UserError as exc:
-        print(f"smelt: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("smelt: interrupted", file=sys.stderr)
-        return 130
-    except Exception:  # a failure while running: show everything, it is a bug or an environment problem
-        traceback.print_exc()
-        print("smelt: failed while running (exit 1); the traceback above says where.", file=sys.stderr)
-        return 1
+    rank = launch_rank()
+    # Under torchrun every rank runs this same command. Rank 0 prints the tables and summaries; the
+    # other ranks' stdout would only repeat them (with their own timings), so it goes nowhere, and so
+    # do their copies of a usage error.
+    with _unless_rank_0(rank, contextlib.redirect_stdout):
+        with _unless_rank_0(rank, contextlib.redirect_stderr):
+            if argv[:2] == ["curate", "quality-train"]:  # a verb under `curate` that takes its own config
+                args = _quality_train_parser().parse_args(argv[2:])
+            else:
+                args = build_parser().parse_args(argv)
+        try:
+            return _dispatch(args)
+        except UserError as exc:
+            if _reports_bad_input(rank):
+                tag = f"[rank {rank}] " if rank else ""
+                print(f"smelt: {tag}error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            if rank == 0:
+                print("smelt: interrupted", file=sys.stderr)
+            return 130
+        except Exception:  # a failure while running: show everything, it is a bug or an environment problem
+            text = (
+                traceback.format_exc()
+                + "smelt: failed while running (exit 1); the traceback above says where."
+            )
+            if rank:  # ranks fail on their own (a device, a file, a collective): say which one it was
+                text = "\n".join(f"[rank {rank}] {line}" for line in text.splitlines())
+            print(text, file=sys.stderr)
+            return 1
+
+
+@contextlib.contextmanager
+def _unless_rank_0(rank: int, redirect) -> Iterator[None]:
+    """`redirect` (redirect_stdout or redirect_stderr) to the null device on ranks other than 0."""
+    if rank == 0:
+        yield
+        return
+    with open(os.devnull, "w") as sink, redirect(sink):
+        yield
+
+
+def _reports_bad_input(rank: int) -> bool:
+    """Whether this rank prints a bad-input error. Every rank reads the same config and finds the same
+    mistake, so rank 0 reports it; on a node other than rank 0's the files may differ (a data path
+    missing there), so that node's first process reports what it found, too."""
+    if rank == 0:
+        return True
+    local_rank, node = os.environ.get("LOCAL_RANK", "0"), os.environ.get("GROUP_RANK", "0")
+    return local_rank == "0" and node != "0"
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -363,7 +424,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.tasks_dir is not None:
             cfg.eval.tasks_dir = args.tasks_dir
         if args.checkpoint != "latest" or args.tasks is not None or args.limit is not None:
-            return _eval_checkpoint(cfg, args.checkpoint, args.tasks, args.limit)
+            return _eval_checkpoint(cfg, args.checkpoint, args.tasks, args.limit, args.force)
         from smelt.eval.run import write_views
 
         outcome = run_stage(cfg, "eval", force=args.force)
@@ -512,13 +573,15 @@ def _config_for_run(run: str, overrides: list[str]) -> Config:
     return load_config(path, overrides)
 
 
-def _eval_checkpoint(cfg: Config, checkpoint: str, tasks: str | None, limit: int | None) -> int:
+def _eval_checkpoint(
+    cfg: Config, checkpoint: str, tasks: str | None, limit: int | None, force: bool = False
+) -> int:
     from smelt.eval.run import evaluate_checkpoints
 
     if limit is not None and limit < 0:
         raise UserError(f"--limit {limit} must be 0 (every item) or a positive number of items per task.")
     names = None if tasks is None else [t.strip() for t in tasks.split(",") if t.strip()]
-    results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, names, limit)
+    results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, names, limit, force=force)
     for result in results:
         print_table(eval_rows(result))
         print()

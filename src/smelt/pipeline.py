@@ -117,7 +117,8 @@ def _common_root(files: list[Path]) -> str:
 
 def _wait_for_attempt(directory: Path, attempt: dict[str, Any], timeout_s: float = 600.0) -> None:
     deadline = time.time() + timeout_s
-    while _read_attempt(directory) != attempt:
+    # Rank 0 writes the attempt with its start time added; the rest must match what this rank expects.
+    while {k: v for k, v in (_read_attempt(directory) or {}).items() if k in attempt} != attempt:
         if time.time() > deadline:
             raise RuntimeError(f"rank 0 did not prepare {directory} within {timeout_s:.0f} s")
         time.sleep(0.2)

@@ -1,4 +1,8 @@
-"""Progress bars with rate and ETA for anything that takes more than a few seconds."""
+"""Progress bars with rate and ETA for anything that takes more than a few seconds, and status lines.
+
+Under `torchrun` every rank runs the same command; only rank 0 speaks to the terminal, so a run on
+N processes prints one banner, one bar and one summary, not N interleaved copies.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,19 @@ def quiet() -> bool:
     return os.environ.get("SMELT_QUIET", "") not in ("", "0")
 
 
+def launch_rank() -> int:
+    """This process's rank under torchrun (its RANK variable); 0 for a plain single-process run."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def speaks() -> bool:
+    """Whether this process prints status: rank 0, unless SMELT_QUIET is set."""
+    return launch_rank() == 0 and not quiet()
+
+
 def progress(
     iterable: Iterable[T] | None = None,
     *,
@@ -24,7 +41,7 @@ def progress(
     unit: str = "it",
     unit_scale: bool = False,
 ) -> tqdm:
-    """A progress bar on stderr; silent when SMELT_QUIET is set (tests) so logs stay readable."""
+    """A progress bar on stderr; silent when SMELT_QUIET is set (tests) or on ranks other than 0."""
     return tqdm(
         iterable,
         total=total,
@@ -32,7 +49,7 @@ def progress(
         unit=unit,
         unit_scale=unit_scale,
         file=sys.stderr,
-        disable=quiet(),
+        disable=not speaks(),
         mininterval=1.0,
         dynamic_ncols=True,
         leave=False,
@@ -44,6 +61,6 @@ def iterate(iterable: Iterable[T], **kwargs) -> Iterator[T]:
 
 
 def log(message: str) -> None:
-    """A line of status for the person at the terminal (stderr keeps stdout for summaries)."""
-    if not quiet():
+    """A line of status for the person at the terminal (stderr keeps stdout for summaries); rank 0 only."""
+    if speaks():
         print(message, file=sys.stderr, flush=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,17 @@ from smelt.checkpoint.store import (
     save_failed,
     step_dir_name,
     write_rank_state,
+)
+
+# dcp.async_save runs dcp.save on DCP's own thread after async_save has returned, so the
+# warnings.catch_warnings of _quiet_dcp around the call no longer holds there; without a process group
+# that save warns on every checkpoint that it assumes "the intent is to save in a single process",
+# which is exactly the intent. This filter matches that one message from DCP and nothing else.
+warnings.filterwarnings(
+    "ignore",
+    message="torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to save",
+    category=UserWarning,
+    module=r"torch\.distributed\.checkpoint",
 )
 
 

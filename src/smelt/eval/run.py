@@ -275,8 +275,10 @@ def evaluate_checkpoints(
     tasks: list[str] | None = None,
     limit: int | None = None,
     device: torch.device | None = None,
+    force: bool = False,
 ) -> list[dict[str, Any]]:
-    """Evaluate `which` checkpoints (skipping those with a current step file), then rebuild the views."""
+    """Evaluate `which` checkpoints (skipping those with a current step file unless `force`), then
+    rebuild the views."""
     from smelt.tokenizer.load import Tokenizer
 
     out_dir = run_dir / "eval"
@@ -285,7 +287,7 @@ def evaluate_checkpoints(
     version = task_set_version(cfg, tasks, limit)
     results, cache = [], None
     for path in resolve_checkpoints(run_dir, which):
-        existing = _current(out_dir, path, version)
+        existing = None if force else _current(out_dir, path, version)
         if existing is not None:
             log(f"[eval] {path.name}: up to date, skipped")
             results.append(existing)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -81,6 +82,24 @@ def init_distributed(device: torch.device) -> DistContext:
 def shutdown(ctx: DistContext) -> None:
     if ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def from_main(ctx: DistContext, device: torch.device, compute: Callable[[], float | None]) -> float | None:
+    """`compute()` run on rank 0 alone and broadcast, so every rank holds the same number (None too).
+
+    For figures that must agree across ranks but that each rank would measure differently: the
+    peak FLOP/s that MFU divides by, measured on a CPU by a timed matmul, varies with what the other
+    ranks are doing at that moment (two ranks of one run reported MFU 44% and 29%).
+    """
+    if not ctx.distributed or not dist.is_initialized():
+        return compute()
+    value = compute() if ctx.is_main else None
+    # NCCL only moves CUDA tensors and gloo only CPU ones; NaN carries "unknown" (None).
+    where = device if device.type == "cuda" else torch.device("cpu")
+    shared = torch.tensor([math.nan if value is None else float(value)], dtype=torch.float64, device=where)
+    dist.broadcast(shared, src=0)
+    result = float(shared.item())
+    return None if math.isnan(result) else result
 
 
 def rank_seed(seed: int, rank: int, purpose: str) -> int:

@@ -48,6 +48,7 @@ from smelt.train.distributed import (
     DistContext,
     device_for,
     env_world,
+    from_main,
     init_distributed,
     rank_seed,
     shutdown,
@@ -150,7 +151,7 @@ def _train(
 
     params = count_params(cfg.model, vocab_size)
     flops_tok = flops_per_token(cfg.model, vocab_size, tc.seq_len)
-    peak = peak_flops(device, precision)
+    peak = from_main(ctx, device, lambda: peak_flops(device, precision))  # one figure for every rank
     peak_total = peak * world_size if peak else None
     schedule = build_schedule(
         tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
