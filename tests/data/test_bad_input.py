@@ -24,7 +24,7 @@ def test_bad_inputs_are_counted_logged_and_the_run_continues(tmp_path, write, so
     blob = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
     web = write(tmp_path / "web", {"cut.jsonl.gz": blob[: len(blob) // 2], "empty.jsonl": ""})
     cfg = config(
-        source("tree", tree, include=["*"], filters=[]),
+        source("tree", tree, include=["*"], filters=[], part_chars=0),  # huge.txt stays one document
         source("web", web, format="jsonl", include=["*.jsonl*"], filters=[]),
         max_chars=1_000_000,
     )
