@@ -179,3 +179,26 @@ def test_neutral_keys_are_left_out_of_the_cache_key():
     assert changed_keys(old, new) == []
     assert trajectory_config(new) == {"train": {"lr": 0.003}, "checkpoint": {}}
     assert changed_keys(old, {**new, "train": {**new["train"], "lr": 0.001}}) == ["train.lr: 0.003 -> 0.001"]
+
+
+@pytest.mark.slow
+def test_anneal_forks_beat_the_stable_checkpoint_and_are_compared(root, capsys):
+    assert main(["train", *_args(root)]) == 0
+    run = root / RUN
+    args = _args(root, "eval.tasks=[]", "eval.gallery_tokens=0")
+    variants = ["--variant", "peak", "--variant", "lower", "train.lr=0.002"]
+    assert main(["anneal", *args, "--from", f"{run}:10", "--decay-tokens", "8192", *variants, "--soup"]) == 0
+    comparison = json.loads((run / "anneals" / "anneal-step_0000010.json").read_text())
+    stable, *anneals = comparison["rows"]
+    assert stable["run"] == "stable@10" and stable["cumulative_tokens"] == 10 * 2048
+    assert [row["run"] for row in anneals] == ["peak", "lower", "soup"]
+    for row in anneals:
+        assert row["cumulative_tokens"] == 10 * 2048 + 8192
+        assert row["bits_per_byte"] < stable["bits_per_byte"], row
+    fork = root / f"{RUN}-anneal-peak"
+    start = next(r for r in _records(fork) if r.get("event") == "start")
+    assert start["parent"]["step"] == 10 and start["schedule"] == "wsd"
+    assert (run / "anneals" / "anneal-step_0000010.html").is_file()
+    decision = json.loads((run / "anneals" / "decisions.jsonl").read_text().splitlines()[-1])
+    assert decision["metric"] == "heldout_bits_per_byte" and len(decision["runs"]) == 2
+    assert "stable@10" in capsys.readouterr().out

@@ -118,7 +118,29 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pilot checks instead of training: step-0 loss ~ ln V, every parameter gets a "
                     "gradient, a fixed batch overfits, two same-seed runs are identical",
                 )
+                p.add_argument(
+                    "--resume-from",
+                    type=int,
+                    default=None,
+                    metavar="STEP",
+                    help="continue an interrupted run from its checkpoint of STEP instead of the newest valid "
+                    "one; later checkpoints move to train/checkpoints/superseded/ (kept)",
+                )
             if name in ("train", "run"):
+                p.add_argument(
+                    "--restart",
+                    action="store_true",
+                    help="start a stage whose plan changed over: its old directory (checkpoints and all) is "
+                    "moved to RUN/superseded/, never deleted",
+                )
+                p.add_argument(
+                    "--from",
+                    dest="init_from",
+                    default=None,
+                    metavar="RUN[:STEP]",
+                    help="fork: start from that run's checkpoint (newest, or STEP; or a step_NNNNNNN dir) "
+                    "under this config's plan (same as --set train.init_from=...)",
+                )
                 p.add_argument(
                     "--max-restarts",
                     type=int,
@@ -138,6 +160,25 @@ def build_parser() -> argparse.ArgumentParser:
                 p.add_argument(
                     "--workers", type=int, default=None, help="worker processes (default: the config's)"
                 )
+    anneal = sub.add_parser(
+        "anneal",
+        help="fork N anneals from a stable checkpoint, each on its own mixture, and compare them",
+        description="From RUN[:STEP], train one fork per --variant with the parent's weights and optimizer "
+        "moments and the LR decaying linearly to zero over --decay-tokens; evaluate the stable checkpoint "
+        "and every anneal; write RUN/anneals/anneal-step_N.{json,html} and a decision record.",
+    )
+    _add_config_args(anneal)
+    anneal.add_argument("--from", dest="parent", required=True, metavar="RUN[:STEP]", help="stable checkpoint")
+    anneal.add_argument("--decay-tokens", type=int, required=True, metavar="D", help="tokens of each anneal")
+    anneal.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        metavar="NAME [KEY=VALUE ...]",
+        help='one anneal: its name, then its overrides, e.g. --variant code "tokens.mixture={code=0.6, prose=0.4}"',
+    )
+    anneal.add_argument("--soup", action="store_true", help="also average the endpoints and evaluate the soup")
+    anneal.add_argument("--restart", action="store_true", help="retrain variants whose plan changed (old moved aside)")
     export = sub.add_parser(
         "export", help="export a checkpoint for other tools", description="Export commands."
     )
@@ -371,12 +412,24 @@ def _dispatch(args: argparse.Namespace) -> int:
     from smelt.plan import commands as plan_commands
     from smelt.report import commands as report_commands
 
+    if getattr(args, "init_from", None):  # `--from X` is `--set train.init_from=X`
+        args.overrides = [*args.overrides, f"train.init_from={json.dumps(args.init_from)}"]
     handled = plan_commands.run(args)
     if handled is None:
         handled = report_commands.run(args)
     if handled is not None:
         return handled
     command = args.command
+    if command == "anneal":
+        from smelt.anneal import parse_variants, run_anneals, table
+
+        comparison = run_anneals(
+            args.config, args.overrides, args.parent, args.decay_tokens, parse_variants(args.variant),
+            soup=args.soup, restart=args.restart,
+        )  # fmt: skip
+        print_table(table(comparison))
+        print(f"\ncomparison: {comparison['report']}")
+        return 0
     if command == "export":
         return _export_hf(args)
     if command == "checkpoint":
@@ -418,7 +471,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
         if args.max_restarts:
             return _run_supervised(cfg, args)
-        return _run_all(cfg, args.force, STAGES)
+        return _run_all(cfg, args.force, STAGES, restart=args.restart)
     if command == "eval":
         cfg = _config_for_run(args.run, args.overrides)
         if args.tasks_dir is not None:
@@ -427,7 +480,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _eval_checkpoint(cfg, args.checkpoint, args.tasks, args.limit, args.force)
         from smelt.eval.run import write_views
 
-        outcome = run_stage(cfg, "eval", force=args.force)
+        outcome = run_stage(cfg, "eval", force=args.force, check_upstream=True)
         write_views(cfg.run_dir / "eval")
         print_table(eval_rows(outcome.result))
         return 0
@@ -443,7 +496,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         overrides.append(f"{'data' if stage == 'curate' else 'tokens'}.workers={args.workers}")
     cfg = load_config(args.config, overrides)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    outcome = run_stage(cfg, stage, force=args.force)
+    if getattr(args, "resume_from", None) is not None:
+        from smelt.train.supervise import prepare_resume_from
+
+        prepare_resume_from(cfg, args.resume_from, restart=args.force or getattr(args, "restart", False))
+    outcome = run_stage(
+        cfg, stage, force=args.force, restart=getattr(args, "restart", False), check_upstream=True
+    )
     if stage == "curate":
         from smelt.data.stats import retention_table
 
@@ -595,16 +654,16 @@ def _run_supervised(cfg: Config, args: argparse.Namespace) -> int:
     from smelt.pipeline import STAGES, run_pipeline
     from smelt.train.supervise import run_supervised
 
-    run_pipeline(cfg, STAGES[: STAGES.index("train")], force=args.force)
+    run_pipeline(cfg, STAGES[: STAGES.index("train")], force=args.force, restart=args.restart)
     code = run_supervised(args)
     return code if code else _run_all(cfg, False, STAGES)
 
 
-def _run_all(cfg: Config, force: bool, stages: tuple[str, ...]) -> int:
+def _run_all(cfg: Config, force: bool, stages: tuple[str, ...], restart: bool = False) -> int:
     from smelt.pipeline import run_pipeline
 
     started = time.time()
-    outcomes = run_pipeline(cfg, stages, force=force)
+    outcomes = run_pipeline(cfg, stages, force=force, restart=restart)
     summary = summarize(cfg, outcomes, time.time() - started)
     from smelt.manifest import write_json
 

@@ -39,7 +39,8 @@ def run(tmp_path, write):
 
 def test_curate_workers_flag_reaches_the_config(run):
     manifest = json.loads((run / "documents" / "manifest.json").read_text())
-    assert manifest["config"]["data"]["workers"] == 2
+    # Worker counts cannot change the documents: recorded with the settings, not in the cache key.
+    assert manifest["settings"]["data"]["workers"] == 2 and "workers" not in manifest["config"]["data"]
 
 
 def test_inspect_dropped_kept_and_quarantined(run, capsys):
