@@ -51,6 +51,41 @@ def _references(run: Run) -> dict[str, dict[str, list[tuple[float, ...]]]]:
     return out
 
 
+def metric_kind(name: str) -> str:
+    """ "perplexity" for perplexities (unbounded, lower is better: a log axis of their own), else "score"
+    (accuracies and exact match, between 0 and 1): metrics of different kinds never share an axis."""
+    metric = name.split("/", 1)[-1]
+    return "perplexity" if "perplexity" in metric or metric == "ppl" else "score"
+
+
+def _task_charts(task: str, names: list[str], curves: dict, ref: dict | None) -> list[str]:
+    """One chart per kind of metric of a task: scores (with chance and the standard error band) on a
+    linear axis, perplexities on a log axis."""
+    charts = []
+    for kind in ("score", "perplexity"):
+        chosen = [n for n in names if metric_kind(n) == kind]
+        if not chosen:
+            continue
+        series = [Series(name.split("/", 1)[-1] if "/" in name else name, [x for x, _ in curves[name]],
+                         [y for _, y in curves[name]], dots=True) for name in chosen]  # fmt: skip
+        bands = []
+        if kind == "score" and ref and ref["chance"]:
+            xs = [x for x, _ in ref["chance"]]
+            series.append(Series("chance", xs, [y for _, y in ref["chance"]], "#999999", "2 3"))
+        if kind == "score" and ref and ref["band"]:
+            band = ref["band"]
+            bands.append(
+                Band("± 1 standard error", [b[0] for b in band], [b[1] for b in band], [b[2] for b in band])
+            )
+        if kind == "score":
+            chart = Chart(f"task {task}", "tokens", "score", series, bands=bands, width=440, height=230)
+        else:
+            title = f"task {task}: perplexity (lower is better)"
+            chart = Chart(title, "tokens", "perplexity", series, log_y=True, width=440, height=230)
+        charts.append(chart_svg(chart))
+    return charts
+
+
 def _task_table(run: Run) -> str:
     """The latest checkpoint's tasks with their uncertainty, chance level and training-data overlap."""
     latest = next((e for e in reversed(run.evals) if task_entries(e)), None)
@@ -83,7 +118,15 @@ def _task_table(run: Run) -> str:
         "shots",
         "overlap with training data",
     ]
-    return f"<h3>Tasks at step {latest.get('step')}</h3>" + table(header, rows)
+    conventions = {v.get("convention") for _, v in task_entries(latest) if isinstance(v, dict)}
+    conventions.add(latest.get("convention"))
+    conventions.discard(None)
+    said = (
+        note(f"prompt convention: {', '.join(sorted(conventions))} (eval.convention; see docs/evaluation.md)")
+        if conventions
+        else ""
+    )
+    return f"<h3>Tasks at step {latest.get('step')}</h3>" + table(header, rows) + said
 
 
 def evaluation_section(run: Run) -> str:
@@ -94,7 +137,7 @@ def evaluation_section(run: Run) -> str:
         xs = [tokens_of(run, e) for e, _ in heldout]
         series = [Series("model", xs, [o["bits_per_byte"] for _, o in heldout], dots=True)]
         for key, name in (("gzip_bits_per_byte", "gzip -9"), ("xz_bits_per_byte", "xz -9e")):
-            series.append(Series(name, xs, [o.get(key) for _, o in heldout], dash="4 3", dots=len(xs) == 1))
+            series.append(Series(name, xs, [o.get(key) for _, o in heldout], dash="4 3"))
         per_source = [((e.get("heldout") or {}).get("per_source") or {}) for e, _ in heldout]
         sources = sorted({s for p in per_source for s in p})
         if len(sources) > 1:  # an overall figure can improve while one domain regresses
@@ -131,22 +174,7 @@ def evaluation_section(run: Run) -> str:
         charts = []
         references = _references(run)
         for task, names in by_task.items():
-            series = [Series(name.split("/", 1)[-1] if "/" in name else name, [x for x, _ in curves[name]],
-                             [y for _, y in curves[name]], dots=True) for name in names]  # fmt: skip
-            bands = []
-            ref = references.get(task)
-            if ref and ref["chance"]:
-                xs = [x for x, _ in ref["chance"]]
-                series.append(Series("chance", xs, [y for _, y in ref["chance"]], "#999999", "2 3"))
-            if ref and ref["band"]:
-                band = ref["band"]
-                bands.append(
-                    Band(
-                        "± 1 standard error", [b[0] for b in band], [b[1] for b in band], [b[2] for b in band]
-                    )
-                )
-            chart = Chart(f"task {task}", "tokens", "score", series, bands=bands, width=440, height=230)
-            charts.append(chart_svg(chart))
+            charts += _task_charts(task, names, curves, references.get(task))
         parts.append(row(*charts))
         tasks_table = _task_table(run)
         if tasks_table:

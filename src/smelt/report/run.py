@@ -194,6 +194,43 @@ def task_references(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def throughput(run: Run) -> dict[str, float]:
+    """Training tokens/s and MFU as the trainer's summary (the terminal, summary.json) computes them:
+    the tokens trained over the time spent in training steps (evaluations and saves excluded), in the
+    last launch of the run (the train records after its last start or resume event). Each train record
+    holds its log window's tokens/s, and its window's tokens are its count minus the previous record's
+    (or the launch's start), so the window took tokens / (tokens/s) seconds."""
+    launches: list[tuple[dict[str, Any], list[dict[str, Any]]]] = [({}, [])]
+    for record in run.records:
+        if record.get("kind") == "event" and record.get("event") in ("start", "resume"):
+            launches.append((record, []))
+        elif record.get("kind") == "train":
+            launches[-1][1].append(record)
+    start, records = next(((s, r) for s, r in reversed(launches) if r), ({}, []))
+    previous = float(start.get("tokens") or 0)
+    tokens = seconds = 0.0
+    per_token_flops = None  # MFU / (tokens/s), the same for every window of a launch
+    for record in records:
+        if not finite(record.get("tokens")):
+            continue
+        done, previous = float(record["tokens"]) - previous, float(record["tokens"])
+        speed = record.get("tokens_per_s")
+        if done > 0 and finite(speed) and speed > 0:
+            tokens += done
+            seconds += done / speed
+            if finite(record.get("mfu")):
+                per_token_flops = record["mfu"] / speed
+    if not seconds:
+        return {}
+    out = {"tokens_per_s": tokens / seconds}
+    flops, peak = start.get("flops_per_token"), start.get("peak_flops")
+    if finite(flops) and finite(peak) and peak > 0:
+        out["mfu"] = flops * out["tokens_per_s"] / peak
+    elif per_token_flops is not None:
+        out["mfu"] = per_token_flops * out["tokens_per_s"]
+    return out
+
+
 def final_metrics(run: Run) -> dict[str, float]:
     """The run's end figures by name (the comparison table and `smelt decide` read these)."""
     out: dict[str, float] = {}
@@ -202,12 +239,7 @@ def final_metrics(run: Run) -> dict[str, float]:
         last = train[-1]
         out["final_train_loss"] = float(last["loss"])
         out["tokens"] = float(last.get("tokens") or 0)
-        speeds = [r["tokens_per_s"] for r in train if finite(r.get("tokens_per_s"))]
-        if speeds:
-            out["tokens_per_s"] = float(sorted(speeds)[len(speeds) // 2])  # median: step 1 includes compile
-        mfus = [r["mfu"] for r in train if finite(r.get("mfu"))]
-        if mfus:
-            out["mfu"] = float(sorted(mfus)[len(mfus) // 2])
+        out.update(throughput(run))
     evals = [r for r in run.kind("eval") if finite(r.get("val_loss"))]
     if evals:
         out["final_val_loss"] = float(evals[-1]["val_loss"])

@@ -62,8 +62,9 @@ def summary_rows(run: Run) -> list[tuple[str, Any]]:
         if finite(summary.get(key)):
             rows.append((name, summary[key]))
     rows += [
-        ("median tokens/s", figures.get("tokens_per_s")),
-        ("median MFU", f"{100 * figures['mfu']:.1f}%" if "mfu" in figures else "-"),
+        # The figures the trainer's summary prints: tokens trained / time in training steps.
+        ("training tokens/s", f"{figures['tokens_per_s']:,.0f}" if "tokens_per_s" in figures else "-"),
+        ("MFU", f"{100 * figures['mfu']:.1f}%" if "mfu" in figures else "-"),
         (
             "skipped steps / rollbacks",
             f"{end[-1].get('skipped_steps', 0)} / {end[-1].get('rollbacks', 0)}" if end else "-",

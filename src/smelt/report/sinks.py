@@ -4,7 +4,8 @@ metrics.jsonl stays the record of a run (the reports are made from it); a sink i
 who already watch their runs in those tools. Each sink has `log(record)` and `close()`. The x axis is
 tokens seen, the axis smelt compares runs on: TensorBoard's step is the token count, and W&B plots
 every metric against a `tokens` metric. Both are optional extras: `pip install 'smelt[tensorboard]'`,
-`pip install 'smelt[wandb]'`. `export_tensorboard` turns a finished run's metrics.jsonl into event files.
+`pip install 'smelt[wandb]'`. `export_tensorboard` turns a finished run's metrics.jsonl, and the results
+`smelt eval` wrote (eval/step_*.json), into event files.
 """
 
 from __future__ import annotations
@@ -73,6 +74,22 @@ def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
     return out
 
 
+def eval_result_scalars(result: dict[str, Any]) -> list[tuple[str, float]]:
+    """The (tag, value) curves of one `smelt eval` result (eval/step_*.json), under checkpoint_eval/:
+    held-out loss and bits per byte, overall and per source, and every task metric. They are kept apart
+    from the in-loop eval/ curves, which score other subsets."""
+    out: list[tuple[str, float]] = []
+    heldout = result.get("heldout") or {}
+    parts = [("", heldout.get("overall") or {})]
+    parts += [(f"/{source}", figures or {}) for source, figures in (heldout.get("per_source") or {}).items()]
+    for suffix, figures in parts:
+        for key in ("loss", "bits_per_byte"):
+            if finite(figures.get(key)):
+                out.append((f"checkpoint_eval/{key}{suffix}", float(figures[key])))
+    out += [(f"checkpoint_eval/task/{name}", value) for name, value in task_scores(result).items()]
+    return out
+
+
 def _missing(extra: str, package: str) -> UserError:
     return UserError(
         f"the {package} package is not installed, and this needs it. Install the optional extra: "
@@ -103,6 +120,16 @@ class TensorBoardSink:
                 self.writer.add_scalar(tag, value, step)
             if record.get("event") not in ("mixture", "checkpoint"):
                 self.writer.add_text("events", f"step {record.get('step')}: {describe(record)}", step)
+
+    def log_eval_result(self, result: dict[str, Any], tokens: float) -> None:
+        """One `smelt eval` step file: its scalars, and its greedy gallery as text, at `tokens`."""
+        step = int(tokens)
+        for tag, value in eval_result_scalars(result):
+            self.writer.add_scalar(tag, value, step)
+        gallery = [g for g in result.get("gallery") or [] if isinstance(g, dict) and "prompt" in g]
+        if gallery:
+            text = "\n\n".join(f"    {g['prompt']!r} -> {g.get('completion', '')!r}" for g in gallery)
+            self.writer.add_text("checkpoint_eval/gallery", f"step {result.get('step')}\n\n{text}", step)
 
     def close(self) -> None:
         self.writer.close()
@@ -143,7 +170,9 @@ class WandbSink:
 
 
 def export_tensorboard(run_dir: str | Path, logdir: str | Path) -> tuple[Path, int]:
-    """Write a run's metrics.jsonl as TensorBoard event files under `logdir`; (logdir, records written)."""
+    """Write a run's metrics.jsonl and its `smelt eval` results (eval/step_*.json, at the tokens each
+    checkpoint had seen) as TensorBoard event files under `logdir`; (logdir, records and results written)."""
+    from smelt.report.eval_sections import tokens_of
     from smelt.report.run import load_run
 
     run = load_run(run_dir)
@@ -151,6 +180,8 @@ def export_tensorboard(run_dir: str | Path, logdir: str | Path) -> tuple[Path, i
     try:
         for record in run.records:
             sink.log(record)
+        for result in run.evals:
+            sink.log_eval_result(result, tokens_of(run, result))
     finally:
         sink.close()
-    return Path(logdir), len(run.records)
+    return Path(logdir), len(run.records) + len(run.evals)

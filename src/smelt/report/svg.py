@@ -126,8 +126,26 @@ def thin(xs: Sequence[float], ys: Sequence[float | None], limit: int = MAX_POINT
     return out_x, out_y
 
 
+def _lone_range(lo: float, hi: float, zero: bool) -> tuple[float, float]:
+    """An axis range for values that are all equal: from 0 (when `zero`, so a lone value reads as a
+    magnitude) to a quarter past the value, else a tenth of the value either side."""
+    if hi != lo:
+        return lo, hi
+    if lo == 0:
+        return (0.0, 1.0) if zero else (-1.0, 1.0)
+    if zero:
+        return (min(lo, 0.0) * 1.25, max(hi, 0.0) * 1.25)
+    return lo - abs(lo) * 0.1, hi + abs(hi) * 0.1
+
+
 def chart_svg(chart: Chart) -> str:
-    """The chart as an inline <svg>; a chart without any finite point says so in its frame."""
+    """The chart as an inline <svg>; a chart without any finite point says so in its frame.
+
+    A series with a single point (one evaluated checkpoint) is drawn as a large marker with its value
+    written beside it, or, when dashed without dots (a reference such as chance or gzip), as a level
+    across the plot; a band with a single x is drawn as an error bar. Values that are all equal get an axis from
+    0 to a quarter past them (a tenth either side on a log axis), so a lone point sits inside the
+    frame rather than on its edge."""
     w, h = chart.width, chart.height
     left, right, top, bottom = 70, 20, 46, 46
     pw, ph = w - left - right, h - top - bottom
@@ -156,16 +174,20 @@ def chart_svg(chart: Chart) -> str:
         return "\n".join(out)
     x_lo, x_hi = min(xs), max(xs)
     y_lo, y_hi = min(ys), max(ys)
-    if chart.x_zero:
-        x_lo = min(x_lo, 0.0)
-    if chart.y_zero and not chart.log_y:
-        y_lo, y_hi = min(y_lo, 0.0), max(y_hi, 0.0)
     for m in chart.markers:
         x_lo, x_hi = min(x_lo, m.x), max(x_hi, m.x)
-    if x_hi == x_lo:
-        x_lo, x_hi = x_lo - 0.5, x_hi + 0.5
-    pad = (y_hi - y_lo) * 0.06 or max(abs(y_hi) * 0.05, 0.05)
-    y_lo, y_hi = y_lo - pad, y_hi + pad
+    if x_hi == x_lo:  # one x: the point goes inside the frame, not onto its right edge
+        lo, hi = _lone_range(x_lo, x_hi, chart.x_zero)
+        x_lo, x_hi = (min(lo, 0.0), hi) if chart.x_zero else (lo, hi)
+    elif chart.x_zero:
+        x_lo = min(x_lo, 0.0)
+    if y_hi == y_lo:
+        y_lo, y_hi = (y_lo - 0.5, y_hi + 0.5) if chart.log_y else _lone_range(y_lo, y_hi, True)
+    else:
+        if chart.y_zero and not chart.log_y:
+            y_lo, y_hi = min(y_lo, 0.0), max(y_hi, 0.0)
+        pad = (y_hi - y_lo) * 0.06
+        y_lo, y_hi = y_lo - pad, y_hi + pad
 
     def px(x: float) -> float:
         return left + pw * (x - x_lo) / (x_hi - x_lo)
@@ -198,7 +220,16 @@ def chart_svg(chart: Chart) -> str:
             if _finite(x) and _finite(lo) and _finite(hi) and (not chart.log_y or lo > 0):
                 upper.append(f"{px(x):.1f},{py(ytf(hi)):.1f}")
                 lower.append(f"{px(x):.1f},{py(ytf(lo)):.1f}")
-        if upper:
+        if len(upper) == 1:  # one x: an error bar with caps
+            (x, top_y), (_, low_y) = upper[0].split(","), lower[0].split(",")
+            cx = float(x)
+            out.append(
+                f'<g stroke="{color}" stroke-width="1.5"><line x1="{cx:.1f}" x2="{cx:.1f}" y1="{top_y}" '
+                f'y2="{low_y}"/><line x1="{cx - 5:.1f}" x2="{cx + 5:.1f}" y1="{top_y}" y2="{top_y}"/>'
+                f'<line x1="{cx - 5:.1f}" x2="{cx + 5:.1f}" y1="{low_y}" y2="{low_y}"/>'
+                f"<title>{html.escape(band.name)}</title></g>"
+            )
+        elif upper:
             points = " ".join(upper + lower[::-1])
             out.append(
                 f'<polygon points="{points}" fill="{color}" fill-opacity="0.18" stroke="none">'
@@ -215,9 +246,18 @@ def chart_svg(chart: Chart) -> str:
             f'stroke-dasharray="3 3"/><text x="{x + 2:.1f}" y="{top + 10 + 11 * (row % 6)}" '
             f'fill="{marker.color}">{html.escape(marker.label)}</text><title>{html.escape(marker.title)}</title></g>'
         )
+    labels: list[float] = []  # baselines of the value labels written so far, so they do not overprint
     for k, s in enumerate(chart.series):
         color = s.color or COLORS[k % len(COLORS)]
         dash = f' stroke-dasharray="{s.dash}"' if s.dash else ""
+        lone = [
+            (float(x), float(y))
+            for x, y in zip(s.xs, s.ys, strict=True)
+            if _finite(x) and _finite(y) and (not chart.log_y or y > 0)
+        ]
+        if len(lone) == 1:
+            out += _lone_point(s, color, lone[0], px(lone[0][0]), py(ytf(lone[0][1])), left, pw, labels)
+            continue
         segment: list[str] = []
         segments: list[list[str]] = []
         for x, y in zip(*thin(s.xs, s.ys), strict=True):
@@ -248,6 +288,40 @@ def chart_svg(chart: Chart) -> str:
     )
     out.append("</svg>")
     return "\n".join(out)
+
+
+def _lone_point(
+    s: Series,
+    color: str,
+    point: tuple[float, float],
+    x: float,
+    y: float,
+    left: float,
+    pw: float,
+    labels: list,
+) -> list[str]:
+    """A series' only point: a dashed series without dots (a reference level) as a line across the plot,
+    any other as a large marker; either with its value written beside it."""
+    value = f"{point[1]:.4g}"
+    title = f"<title>{html.escape(s.name)}: {value}</title>"
+    level = bool(s.dash and not s.dots)
+    ty = y - 4 if level else y + 4  # a level's label sits above its line, a marker's beside it
+    while any(abs(ty - other) < 12 for other in labels):  # labels never overprint: move down a line
+        ty += 12
+    labels.append(ty)
+    if level:
+        return [
+            f'<g><line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="{color}" '
+            f'stroke-width="1.5" stroke-dasharray="{s.dash}"/><text x="{left + pw - 4}" y="{ty:.1f}" '
+            f'text-anchor="end" fill="{color}">{html.escape(s.name)} {value}</text>{title}</g>'
+        ]
+    right_half = x > left + pw * 0.6
+    tx, anchor = (x - 9, "end") if right_half else (x + 9, "start")
+    return [
+        f'<g><circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{color}" stroke="white" stroke-width="1.5"/>'
+        f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="{anchor}" fill="{color}" font-weight="bold">'
+        f"{value}</text>{title}</g>"
+    ]
 
 
 def _legend(entries: list[tuple[str, str]], left: float, width: float) -> list[str]:
