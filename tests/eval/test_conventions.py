@@ -152,3 +152,17 @@ def test_gallery_is_what_transformers_greedy_generate_continues(tiny_run, tokeni
         ours = generate(model, ids, steps, temperature=0.0, eos_id=tokenizer.eos_id)
         assert ours == hf_ids, prompt
         assert item["completion"] == tokenizer.decode(hf_ids[len(ids) :])
+
+
+def test_in_loop_evaluation_follows_the_convention(tiny_run, tokenizer):
+    from smelt.eval.inloop import InLoopEval
+
+    _, cfg = tiny_run
+    cfg = copy.deepcopy(cfg)
+    cfg.eval.every_steps, cfg.eval.inloop_tasks, cfg.eval.inloop_items = 1, ["copa"], 4
+    root, _ = tiny_run
+    for convention in ("lm-eval", "eos"):
+        cfg.eval.convention = convention
+        prep = InLoopEval(cfg, root / "tokenizer", CPU).prepared["copa"]
+        assert prep.convention == convention
+        assert (prep.pairs[0][0][0] == tokenizer.eos_id) == (convention == "eos")
