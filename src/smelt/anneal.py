@@ -85,6 +85,7 @@ def run_anneals(
     variants: list[Variant],
     soup: bool = False,
     restart: bool = False,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Train, evaluate and compare the anneal variants; return the comparison (also written as JSON)."""
     from smelt.checkpoint.lineage import resolve_parent
@@ -116,7 +117,7 @@ def run_anneals(
              f"run.name={json.dumps(name)}"],
         )  # fmt: skip
         log(f"[anneal] {variant.name}: {decay_tokens:,} tokens from {spec} -> {cfg.run_dir}")
-        outcomes = run_pipeline(cfg, STAGES, restart=restart)
+        outcomes = run_pipeline(cfg, STAGES, force=force, restart=restart)
         runs.append(cfg.run_dir)
         rows.append(
             _heldout_row(

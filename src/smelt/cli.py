@@ -425,7 +425,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         comparison = run_anneals(
             args.config, args.overrides, args.parent, args.decay_tokens, parse_variants(args.variant),
-            soup=args.soup, restart=args.restart,
+            soup=args.soup, restart=args.restart, force=args.force,
         )  # fmt: skip
         print_table(table(comparison))
         print(f"\ncomparison: {comparison['report']}")
