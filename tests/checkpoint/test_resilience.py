@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +17,11 @@ import pytest
 import torch
 
 from helpers import VOCAB, build_model, tiny_model_config, write_token_data
+from smelt.checkpoint.failures import CheckpointSaveError
 from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import MARKER, latest_checkpoint, list_checkpoints, load_model, save_checkpoint
+from smelt.checkpoint.tools import verify
+from smelt.cli import main
 from smelt.config import config_from_dict
 from smelt.errors import UserError
 from smelt.train.setup import resolve_resume
@@ -40,14 +44,12 @@ def raw_config(**checkpoint) -> dict:
 
 
 def step_losses(out: Path) -> dict[int, float]:
-    """Loss per step; a step logged twice (before a kill and after the resume) keeps its last record."""
+    """Loss per step; each step is logged once (a resume moves what it replays to the superseded file)."""
     found: dict[int, float] = {}
     for line in (out / "metrics.jsonl").read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by SIGKILL
-            continue
+        record = json.loads(line)  # a line cut by SIGKILL is moved aside at resume
         if record.get("kind") == "train":
+            assert record["step"] not in found, f"step {record['step']} logged twice"
             found[record["step"]] = record["loss"]
     return found
 
@@ -126,12 +128,84 @@ def test_damaged_checkpoints_are_passed_over_with_a_warning(tmp_path):
 
     chosen, warnings = resolve_resume("auto", out / "checkpoints")
     assert chosen is not None and chosen.name == "step_0000003"
-    assert len(warnings) == 1 and "step_0000006" in warnings[0] and shard.name in warnings[0]
+    assert len(warnings) == 2
+    assert "step_0000009" in warnings[0] and "no COMMITTED marker" in warnings[0]
+    assert "step_0000006" in warnings[1] and shard.name in warnings[1]
     summary = train(config_from_dict(raw), tokens, tokenizer, out, resume="auto")
     assert summary["resumed_from_step"] == 3
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    alert = next(r for r in lines if r.get("alert") == "damaged_checkpoint")
-    assert "step_0000006" in alert["message"] and alert["action"] == "fallback"
+    alerts = [r for r in lines if r.get("alert") == "damaged_checkpoint"]
+    assert [a["action"] for a in alerts] == ["fallback", "fallback"]
+    assert "step_0000009" in alerts[0]["message"] and "step_0000006" in alerts[1]["message"]
+    # The damaged ones are kept aside, out of the resume chain; the run rewrote steps 6 and 9.
+    superseded = out / "checkpoints" / "superseded"
+    assert sorted(p.name for p in superseded.iterdir()) == ["step_0000006", "step_0000009"]
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == [
+        "step_0000003",
+        "step_0000006",
+        "step_0000009",
+    ]
+
+
+def test_unmarked_checkpoint_alerts_in_the_terminal_and_metrics(tmp_path, monkeypatch, capsys):
+    raw, tokens, tokenizer = trained(tmp_path, steps=6)
+    out = tmp_path / "run"
+    train(config_from_dict(raw), tokens, tokenizer, out)
+    (out / "checkpoints" / "step_0000006" / MARKER).unlink()  # killed between the rename and the marker
+    monkeypatch.delenv("SMELT_QUIET", raising=False)
+    capsys.readouterr()
+    summary = train(config_from_dict(raw), tokens, tokenizer, out, resume="auto")
+    assert summary["resumed_from_step"] == 3
+    assert (
+        "warning: skipping damaged checkpoint step_0000006: it has no COMMITTED marker"
+        in capsys.readouterr().err
+    )
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (alert,) = [r for r in records if r.get("alert") == "damaged_checkpoint"]
+    assert alert["step"] == 3 and "step_0000006" in alert["message"]
+
+
+def test_edited_meta_json_fails_verify_and_resume_falls_back(tmp_path, capsys):
+    raw, tokens, tokenizer = trained(tmp_path, steps=6)
+    out = tmp_path / "run"
+    train(config_from_dict(raw), tokens, tokenizer, out)
+    final = out / "checkpoints" / "step_0000006"
+    assert "files and meta.json match their sha256" in verify(out / "checkpoints")
+    meta = json.loads((final / "meta.json").read_text())
+    meta["loader"]["step"] = 1  # an edit the file checksums cannot see: the loader would replay data
+    (final / "meta.json").write_text(json.dumps(meta))
+    code = main(["checkpoint", "verify", str(out / "checkpoints")])
+    err = capsys.readouterr().err
+    assert code == 2 and "step_0000006: CORRUPT" in err
+    assert "meta.json does not match its sha256 in COMMITTED; it was edited or is corrupt" in err
+    summary = train(config_from_dict(raw), tokens, tokenizer, out, resume="auto")
+    assert summary["resumed_from_step"] == 3
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (alert,) = [r for r in records if r.get("alert") == "damaged_checkpoint"]
+    assert "meta.json does not match" in alert["message"] and alert["action"] == "fallback"
+    assert (out / "checkpoints" / "superseded" / "step_0000006" / "meta.json").read_text() == json.dumps(meta)
+
+
+def test_every_checkpoint_damaged_starts_over_and_keeps_the_old_metrics(tmp_path):
+    raw, tokens, tokenizer = trained(tmp_path, steps=6)
+    out = tmp_path / "run"
+    train(config_from_dict(raw), tokens, tokenizer, out)
+    old_metrics = (out / "metrics.jsonl").read_text()
+    for path in list_checkpoints(out / "checkpoints"):
+        (path / "meta.json").write_text("{}")
+    summary = train(config_from_dict(raw), tokens, tokenizer, out, resume="auto")
+    assert summary["resumed_from_step"] is None
+    assert (out / "metrics.jsonl.1").read_text() == old_metrics  # what took compute to make is kept
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["event"] == "start"
+    alerts = [r for r in records if r.get("alert") == "damaged_checkpoint"]
+    assert len(alerts) == 2 and {a["action"] for a in alerts} == {"start_over"}
+    notes = [r["message"] for r in records if r.get("event") == "note"]
+    assert any("kept as metrics.jsonl.1" in n for n in notes)
+    assert sorted(p.name for p in (out / "checkpoints" / "superseded").iterdir()) == [
+        "step_0000003",
+        "step_0000006",
+    ]
 
 
 def test_checkpoint_of_another_model_shape_or_tokenizer_is_refused(tmp_path):
@@ -172,14 +246,94 @@ def test_full_disk_during_save_is_clear_and_keeps_the_previous_checkpoint(tmp_pa
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", full_disk)
-    with pytest.raises(UserError, match=r"step 2 .*No space left on device.*step_0000001 is intact"):
+    with pytest.raises(CheckpointSaveError) as caught:
         saver.save(2, model, optimizer, {**META, "tokens": 2}, {"rng": {}}, batch_tokens=1)
         saver.wait()
     monkeypatch.undo()
     saver.close()
+    message = str(caught.value)
+    assert not isinstance(caught.value, UserError)  # a failure while running (exit 1), not bad input
+    assert f"step 2 failed: no space left on device at {tmp_path / 'ckpt'} (needs ~" in message
+    assert "step_0000001 is intact" in message and "--resume auto" not in message
+    assert "--max-restarts N" in message and "--resume-from STEP" in message
+    assert caught.value.disk_full
     assert [p.name for p in list_checkpoints(tmp_path / "ckpt")] == ["step_0000001"]
     assert not list((tmp_path / "ckpt").glob(".tmp-*"))
+    assert not (tmp_path / "ckpt" / "step_0000002").exists()
     load_model(tmp_path / "ckpt" / "step_0000001")  # still loads
+
+
+def test_short_write_without_errno_is_reported_as_a_full_disk(tmp_path, monkeypatch):
+    # torch's serializer reports a short write as "unexpected pos", with the errno lost.
+    model, optimizer = model_and_optimizer()
+    save_checkpoint(tmp_path / "ckpt", 1, model, optimizer, {**META, "tokens": 1})
+
+    def short_write(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", short_write)
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000)
+    )
+    with pytest.raises(
+        CheckpointSaveError, match=r"no space left on device at .* \(needs ~\d+\.\d MB, 0\.0 MB free\)"
+    ):
+        save_checkpoint(tmp_path / "ckpt", 2, model, optimizer, {**META, "tokens": 2})
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 0, 10**12))
+    with pytest.raises(CheckpointSaveError, match=r"failed: .*unexpected pos 704 vs 598 \(writing under"):
+        save_checkpoint(tmp_path / "ckpt", 2, model, optimizer, {**META, "tokens": 2})
+
+
+def test_marker_write_failing_leaves_the_step_uncommitted(tmp_path, monkeypatch):
+    model, optimizer = model_and_optimizer()
+    import smelt.checkpoint.store as store
+
+    real = store._write_json_synced
+
+    def full_at_marker(path, value):
+        if path.name == MARKER:
+            path.write_text("{")  # a half-written marker
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, value)
+
+    monkeypatch.setattr(store, "_write_json_synced", full_at_marker)
+    with pytest.raises(CheckpointSaveError, match="no space left on device"):
+        save_checkpoint(tmp_path / "ckpt", 1, model, optimizer, {**META, "tokens": 1})
+    assert list((tmp_path / "ckpt").iterdir()) == []
+
+
+def test_full_disk_in_training_is_exit_1_with_a_checkpoint_failed_event(tmp_path, monkeypatch, capsys):
+    raw, tokens, tokenizer = trained(tmp_path, steps=9)
+    out = tmp_path / "run"
+    real = torch.distributed.checkpoint.FileSystemWriter.write_data
+
+    def full_at_step_6(self, *args, **kwargs):
+        if "step_0000006" in str(self.path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", full_at_step_6)
+    with pytest.raises(CheckpointSaveError) as caught:
+        train(config_from_dict(raw), tokens, tokenizer, out)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (failed,) = [r for r in records if r.get("event") == "checkpoint_failed"]
+    assert failed["step"] == 6 and failed["disk_full"] and failed["previous"] == "step_0000003"
+    assert failed["path"].endswith("step_0000006") and failed["needed_mb"] > 0 and failed["free_mb"] >= 0
+    assert "no space left on device" in failed["message"]
+    assert records[-1]["event"] == "end" and records[-1]["status"] == "failed"
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == ["step_0000003"]
+    assert not (out / "checkpoints" / "step_0000006").exists()
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+
+    # The CLI says so and exits 1 (a failure while running), which --max-restarts retries.
+    import smelt.cli as cli
+
+    def dispatch(args):
+        raise caught.value
+
+    monkeypatch.setattr(cli, "_dispatch", dispatch)
+    assert main(["train", "config.toml"]) == 1
+    assert "no space left on device" in capsys.readouterr().err
 
 
 def test_async_snapshot_is_isolated_from_later_updates(tmp_path):

@@ -7,6 +7,8 @@ change them (`before_update`). The write, the checksums, the commit and pruning 
 background thread (under torchrun over a separate gloo group, so checkpoint collectives never
 interleave with the training ones). A save that finds the previous one still writing waits for it
 and says so in metrics.jsonl. Every finished save becomes an event with its stall and write times.
+A save that fails (a full disk) removes its unfinished files and raises CheckpointSaveError, from
+save() when synchronous, else from the next poll(), wait() or save().
 """
 
 from __future__ import annotations
@@ -25,16 +27,17 @@ import torch.distributed.checkpoint as dcp
 import torch.utils._pytree as pytree
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
+from smelt.checkpoint.failures import SAVE_ERRORS, save_failed, state_nbytes
 from smelt.checkpoint.store import (
-    SAVE_ERRORS,
     _is_main,
     _quiet_dcp,
     commit,
+    discard_partial,
+    latest_checkpoint,
     model_optim_state,
     prepare_tmp,
     prune_checkpoints,
     save_checkpoint,
-    save_failed,
     step_dir_name,
     write_rank_state,
 )
@@ -132,6 +135,7 @@ class Checkpointer:
         # Fresh containers now (the copy thread then sees no later change to step counts or LR
         # values); the tensors themselves are copied in the background until before_update.
         state = pytree.tree_map(lambda leaf: leaf, model_optim_state(model, optimizer))
+        needed = state_nbytes(state)
         try:
             write_rank_state(tmp, rank_state)
             with _quiet_dcp():
@@ -139,10 +143,10 @@ class Checkpointer:
                     state, checkpoint_id=tmp, process_group=self.group, async_stager=self._stager(model)
                 )
         except SAVE_ERRORS as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise save_failed(exc, step, self.dir) from exc
+            discard_partial(tmp, step)
+            raise save_failed(exc, step, self.dir, needed, latest_checkpoint(self.dir)) from exc
         stall = time.perf_counter() - started
-        done = self.worker.submit(self._finish, response.upload_completion, tmp, step, meta)
+        done = self.worker.submit(self._finish, response.upload_completion, tmp, step, meta, needed)
         self.pending = _Pending(step, tokens, started, stall, milestone, response.staging_completion, done)
         return events
 
@@ -165,15 +169,17 @@ class Checkpointer:
         self.pending.staged.result()
         self.pending.stall_s += time.perf_counter() - waited
 
-    def _finish(self, written: Future, tmp: Path, step: int, meta: dict[str, Any]) -> tuple[Path, float]:
+    def _finish(
+        self, written: Future, tmp: Path, step: int, meta: dict[str, Any], needed: int
+    ) -> tuple[Path, float]:
         try:
             written.result()
             # Rank 0's write ends after DCP gathered every rank's write results, so all shards are on disk.
             path = commit(tmp, step, meta) if _is_main() else self.dir / step_dir_name(step)
         except SAVE_ERRORS as exc:
             if _is_main():
-                shutil.rmtree(tmp, ignore_errors=True)
-            raise save_failed(exc, step, self.dir) from exc
+                discard_partial(tmp, step)
+            raise save_failed(exc, step, self.dir, needed, latest_checkpoint(self.dir)) from exc
         finished = time.perf_counter()
         if _is_main():
             self._prune(path)

@@ -7,12 +7,15 @@ Layout of one checkpoint directory:
     rank_RRRRR.json           per-rank state: RNG states (Python, NumPy, torch CPU and CUDA)
     meta.json                 step, tokens, loader/scaler/alert state, config + hashes, model config,
                               vocab size, world size, sha256 of every other file
-    COMMITTED                 written last; a directory without it does not exist
+    COMMITTED                 written last: the step and the sha256 of meta.json; a directory
+                              without it does not exist
 
 Two-phase commit: everything is written into `.tmp-step_NNNNNNN/`; rank 0 checksums every file into
-meta.json, fsyncs, renames the directory into place and writes the marker last. A crash at any moment
-leaves the previous checkpoints intact and at worst a directory without its marker, which readers
-ignore. Loading never unpickles arbitrary objects: tensors come through DCP's weights-only loads,
+meta.json, fsyncs, renames the directory into place and writes the marker (with meta.json's own
+checksum) last. A crash at any moment leaves the previous checkpoints intact and at worst a directory
+without its marker, which readers ignore (resume reports it as damaged). A save that fails (a full
+disk) removes its unfinished files and raises CheckpointSaveError, a failure while running (exit 1),
+not bad input. Loading never unpickles arbitrary objects: tensors come through DCP's weights-only loads,
 DCP's own `.metadata` through an unpickler that admits only DCP's metadata classes, and the rest is JSON.
 """
 
@@ -37,9 +40,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from smelt.checkpoint.failures import SAVE_ERRORS, save_failed, state_nbytes
 from smelt.config import ModelConfig
 from smelt.errors import UserError
 from smelt.manifest import hash_file
@@ -47,6 +50,8 @@ from smelt.model.transformer import Transformer
 
 MARKER = "COMMITTED"
 META = "meta.json"
+# Where checkpoints newer than a resume point go: kept (they took compute), out of the resume chain.
+SUPERSEDED = "superseded"
 _STEP_DIR = re.compile(r"^step_(\d{7,})$")
 _RANK_FILE = "rank_{:05d}.json"
 
@@ -233,37 +238,40 @@ def commit(tmp: Path, step: int, meta: dict[str, Any]) -> Path:
     meta = _json_meta(meta, step)
     meta["checksums"] = _checksums(tmp)
     _write_json_synced(tmp / META, meta)
+    # meta.json cannot list its own checksum; the marker carries it, so an edited meta.json is caught.
+    marker = {"step": step, "meta_sha256": hash_file(tmp / META)}
     _fsync_dir(tmp)
     if final.exists():
         (final / MARKER).unlink(missing_ok=True)
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(final.parent)
-    with open(final / MARKER, "w") as handle:
-        handle.write(f"{step}\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    try:
+        _write_json_synced(final / MARKER, marker)
+    except OSError:
+        (final / MARKER).unlink(missing_ok=True)  # a half-written marker must not commit the directory
+        raise
     _fsync_dir(final)
     return final
 
 
-# DCP wraps a rank's write error (a full disk, a failing writer) in CheckpointException.
-SAVE_ERRORS = (OSError, CheckpointException)
+def read_marker(checkpoint_dir: Path) -> dict[str, Any]:
+    """The commit marker's content: {"step", "meta_sha256"}, or {} for a marker written before it carried
+    meta.json's checksum (a bare step number)."""
+    try:
+        marker = json.loads((Path(checkpoint_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
 
 
-def save_failed(exc: BaseException, step: int, checkpoints_dir: Path) -> UserError:
-    """The error a failed write becomes: what happened and which checkpoint is still good."""
-    if isinstance(exc, CheckpointException):
-        causes = [str(e[0] if isinstance(e, tuple) else e) for e in exc.failures.values()]
-        exc = RuntimeError("; ".join(causes) or str(exc))
-    previous = latest_checkpoint(checkpoints_dir)
-    intact = (
-        f"the previous checkpoint {previous.name} is intact" if previous else "no earlier checkpoint exists"
-    )
-    return UserError(
-        f"saving the checkpoint of step {step} under {checkpoints_dir} failed: {exc}. Nothing partial was "
-        f"committed and {intact}. Free disk space (or point run.dir elsewhere) and resume with --resume auto."
-    )
+def discard_partial(tmp: Path, step: int) -> None:
+    """Remove what a failed save left: its `.tmp-` directory, and its final directory if the rename
+    happened but the marker did not (never a committed checkpoint)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    final = tmp.parent / step_dir_name(step)
+    if final.is_dir() and not (final / MARKER).is_file():
+        shutil.rmtree(final, ignore_errors=True)
 
 
 def model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -291,14 +299,17 @@ def save_checkpoint(
     """
     checkpoints_dir = Path(checkpoints_dir)
     tmp = prepare_tmp(checkpoints_dir, step)
+    state = model_optim_state(model, optimizer)
     try:
         write_rank_state(tmp, rank_state or {})
         with _quiet_dcp():
-            dcp.save(model_optim_state(model, optimizer), checkpoint_id=tmp, process_group=process_group)
+            dcp.save(state, checkpoint_id=tmp, process_group=process_group)
         final = commit(tmp, step, meta) if _is_main() else tmp.parent / step_dir_name(step)
     except SAVE_ERRORS as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise save_failed(exc, step, checkpoints_dir) from exc
+        discard_partial(tmp, step)
+        raise save_failed(
+            exc, step, checkpoints_dir, state_nbytes(state), latest_checkpoint(checkpoints_dir)
+        ) from exc
     _barrier()
     return final
 
@@ -306,13 +317,19 @@ def save_checkpoint(
 # --- reading ----------------------------------------------------------------------------------
 
 
-def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
-    """Committed checkpoint directories, oldest step first."""
+def step_dirs(checkpoints_dir: Path) -> list[Path]:
+    """Every step_NNNNNNN directory, committed or not, oldest step first."""
     checkpoints_dir = Path(checkpoints_dir)
     if not checkpoints_dir.is_dir():
         return []
-    found = [p for p in checkpoints_dir.iterdir() if _STEP_DIR.match(p.name) and (p / MARKER).is_file()]
-    return sorted(found, key=step_of)
+    return sorted(
+        (p for p in checkpoints_dir.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()), key=step_of
+    )
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """Committed checkpoint directories, oldest step first."""
+    return [p for p in step_dirs(checkpoints_dir) if (p / MARKER).is_file()]
 
 
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
@@ -321,9 +338,15 @@ def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
 
 
 def latest_valid_checkpoint(checkpoints_dir: Path) -> tuple[Path | None, list[str]]:
-    """The newest checkpoint whose files all match their checksums, and a warning per one passed over."""
+    """The newest checkpoint whose files all match their checksums, and a warning per one passed over:
+    a step directory without its marker (a save that never finished) or with a damaged file."""
     warnings_: list[str] = []
-    for path in reversed(list_checkpoints(checkpoints_dir)):
+    for path in reversed(step_dirs(checkpoints_dir)):
+        if not (path / MARKER).is_file():
+            warnings_.append(
+                f"skipping damaged checkpoint {path.name}: it has no {MARKER} marker (its save never finished)"
+            )
+            continue
         try:
             read_meta(path, verify=True)
         except UserError as exc:
@@ -331,6 +354,44 @@ def latest_valid_checkpoint(checkpoints_dir: Path) -> tuple[Path | None, list[st
             continue
         return path, warnings_
     return None, warnings_
+
+
+def checkpoint_at_step(checkpoints_dir: Path, step: int) -> Path:
+    """The committed, verified checkpoint of `step` (for `--resume-from STEP`); a UserError naming the
+    steps that exist otherwise."""
+    checkpoints_dir = Path(checkpoints_dir)
+    path = checkpoints_dir / step_dir_name(step)
+    if not (path / MARKER).is_file():
+        have = ", ".join(str(step_of(p)) for p in list_checkpoints(checkpoints_dir)) or "none"
+        raise UserError(
+            f"--resume-from {step}: no committed checkpoint of step {step} under {checkpoints_dir} "
+            f"(committed steps: {have}). Pass one of those steps, or leave --resume-from out to continue "
+            f"from the newest valid one."
+        )
+    read_meta(path, verify=True)
+    return path
+
+
+def set_aside_after(checkpoints_dir: Path, step: int) -> list[Path]:
+    """Move every step directory after `step` (committed, damaged or unfinished) into
+    `checkpoints_dir/superseded/`: a run continuing from `step` rewrites those steps, and what took
+    compute to make is kept rather than overwritten or pruned. Returns where each one went."""
+    checkpoints_dir = Path(checkpoints_dir)
+    moved = []
+    for path in step_dirs(checkpoints_dir):
+        if step_of(path) <= step:
+            continue
+        target = checkpoints_dir / SUPERSEDED / path.name
+        number = 1
+        while target.exists():
+            number += 1
+            target = checkpoints_dir / SUPERSEDED / f"{path.name}.{number}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        moved.append(target)
+    if moved:
+        _fsync_dir(checkpoints_dir)
+    return moved
 
 
 def prune_checkpoints(checkpoints_dir: Path, keep_last: int, protect: tuple[Path, ...] = ()) -> list[Path]:
@@ -362,6 +423,13 @@ def read_meta(checkpoint_dir: Path, verify: bool = True) -> dict[str, Any]:
             f"{checkpoint_dir} is not a committed checkpoint (no {MARKER} marker): it was never finished "
             f"or is not a checkpoint directory. Pick another one, e.g. the latest under its parent."
         )
+    if verify:
+        expected = read_marker(checkpoint_dir).get("meta_sha256")
+        if expected and (checkpoint_dir / META).is_file() and hash_file(checkpoint_dir / META) != expected:
+            raise UserError(
+                f"checkpoint {checkpoint_dir}: {META} does not match its sha256 in {MARKER}; it was edited "
+                f"or is corrupt. Use an earlier checkpoint (resume falls back to one on its own)."
+            )
     try:
         meta = json.loads((checkpoint_dir / META).read_text())
     except (OSError, json.JSONDecodeError) as exc:

@@ -21,7 +21,15 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from smelt.checkpoint.store import MARKER, META, SafeReader, list_checkpoints, read_meta, save_checkpoint
+from smelt.checkpoint.store import (
+    MARKER,
+    META,
+    SafeReader,
+    list_checkpoints,
+    read_marker,
+    read_meta,
+    save_checkpoint,
+)
 from smelt.config import ModelConfig
 from smelt.errors import UserError
 from smelt.manifest import combined_hash
@@ -173,7 +181,12 @@ def verify(path: str | Path, step: int | None = None, every: bool = False) -> st
             if p.is_file() and p.name not in (META, MARKER) and p.relative_to(target).as_posix() not in listed
         )
         note = f" (files not covered by checksums: {', '.join(extra)})" if extra else ""
-        lines.append(f"{target.name}: ok, {len(listed)} files match their sha256{note}")
+        if read_marker(target).get("meta_sha256"):
+            lines.append(f"{target.name}: ok, {len(listed)} files and {META} match their sha256{note}")
+        else:  # a marker of an older smelt holds no checksum of meta.json
+            lines.append(
+                f"{target.name}: ok, {len(listed)} files match their sha256 ({META} unchecked){note}"
+            )
     if failures:
         raise UserError("\n".join(lines) + "\n" + "\n".join(failures))
     return "\n".join(lines)

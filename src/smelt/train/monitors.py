@@ -3,11 +3,18 @@
 metrics.jsonl is the contract (design.md section 1): the report and every plot come from it alone, so
 everything worth seeing goes there, one JSON object per line, flushed as written so a crash loses
 nothing already logged. Only rank 0 writes under torchrun.
+
+Each step is in metrics.jsonl once. A resumed run replays the steps between its checkpoint and the
+crash, so at resume the records written after that checkpoint move to metrics.superseded.jsonl (kept,
+never deleted) and the file goes on from the checkpoint; every reader (the report, the TensorBoard
+export, the summary) then sees one history. A fresh start over an existing metrics.jsonl (every
+checkpoint damaged) moves the old file aside as metrics.jsonl.N instead of overwriting it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,11 +27,14 @@ from smelt.model.transformer import IGNORE_INDEX, doc_ids_from_tokens, position_
 from smelt.train.distributed import all_reduce_sum
 from smelt.train.precision import Precision
 
+SUPERSEDED_METRICS = "metrics.superseded.jsonl"
+
 
 class MetricsLog:
     """Append-only metrics.jsonl; each line is flushed so a crash loses nothing already logged.
 
-    `sinks` (TensorBoard, W&B: objects with log(record) and close()) see every record too.
+    `sinks` (TensorBoard, W&B: objects with log(record) and close()) see every record too. Without
+    `append`, an existing non-empty file is moved aside (`set_aside` says where), never overwritten.
     """
 
     def __init__(
@@ -32,15 +42,23 @@ class MetricsLog:
     ) -> None:
         self.enabled = enabled
         self.file = None
+        self.set_aside: Path | None = None
+        self.offset: int | None = None  # bytes in the file so far (rank 0); a checkpoint records it
         self.sinks = list(sinks or []) if enabled else []
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.file = open(path, "a" if append else "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            if not append and path.is_file() and path.stat().st_size > 0:
+                self.set_aside = _free_name(path)
+                os.replace(path, self.set_aside)
+            self.file = open(path, "ab" if append else "wb")  # noqa: SIM115 - closed in close()
+            self.offset = self.file.tell()
 
     def write(self, record: dict[str, Any]) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
+            line = (json.dumps(record) + "\n").encode("utf-8")
+            self.file.write(line)
             self.file.flush()
+            self.offset = (self.offset or 0) + len(line)
         for sink in self.sinks:
             sink.log(record)
 
@@ -49,6 +67,88 @@ class MetricsLog:
             self.file.close()
         for sink in self.sinks:
             sink.close()
+
+
+def _free_name(path: Path) -> Path:
+    number = 1
+    while path.with_name(f"{path.name}.{number}").exists():
+        number += 1
+    return path.with_name(f"{path.name}.{number}")
+
+
+def supersede_after_resume(path: Path, step: int, offset: int | None, rerun_final: bool = False) -> int:
+    """Before a run resumed from the checkpoint of `step` appends to metrics.jsonl: move the records
+    it will write again to metrics.superseded.jsonl (after a line saying which resume moved them) and
+    return how many moved.
+
+    `offset` is the file's size when that checkpoint was taken (its meta.json records it): records
+    before it stay. After it, the step decides: records of `step` or earlier stay (the save's own
+    events, such as the `checkpoint` event of a save that committed while the run went on), later
+    ones move, and so do an `end` event and a `stage` event for a stage that starts after `step`.
+    Without a usable offset (a checkpoint of another run or an older smelt) the step decides for the
+    whole file. `rerun_final`: the resume is at the final checkpoint, whose validation and save the
+    finishing run writes again.
+    """
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    # The offset must fall on a line boundary of this file, or it belongs to another file.
+    cut = (
+        offset
+        if offset is not None and 0 <= offset <= len(data) and data[:offset][-1:] in (b"", b"\n")
+        else None
+    )
+    kept, moved, position = [], [], 0
+    for line in data.splitlines(keepends=True):
+        position += len(line)
+        before_cut = cut is not None and position <= cut
+        record = _parse(line)
+        if record is None:  # a line cut by the crash
+            keep = before_cut
+        else:
+            keep = before_cut or (_step(record) <= step and not _replayed_event(record, step))
+        if record is not None and rerun_final and _step(record) == step:
+            if record.get("kind") == "eval" and not record.get("inloop"):
+                keep = False
+            if record.get("event") in ("checkpoint", "end"):
+                keep = False
+        (kept if keep else moved).append(line if line.endswith(b"\n") else line + b"\n")
+    if not moved:
+        return 0
+    header = {"kind": "event", "event": "superseded", "resumed_at_step": step, "records": len(moved),
+              "file": path.name}  # fmt: skip
+    with open(path.with_name(SUPERSEDED_METRICS), "ab") as side:
+        side.write((json.dumps(header) + "\n").encode("utf-8"))
+        side.writelines(moved)
+        side.flush()
+        os.fsync(side.fileno())
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as handle:
+        handle.writelines(kept)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    return len(moved)
+
+
+def _parse(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _step(record: dict[str, Any]) -> int:
+    value = record.get("step")
+    return int(value) if isinstance(value, (int, float)) else 0
+
+
+def _replayed_event(record: dict[str, Any], step: int) -> bool:
+    event = record.get("event")
+    if event == "end":
+        return True
+    return event == "stage" and isinstance(record.get("first_step"), int) and record["first_step"] > step
 
 
 @torch.no_grad()

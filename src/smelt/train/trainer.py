@@ -28,12 +28,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from smelt.checkpoint.failures import CheckpointSaveError
 from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import (
     latest_checkpoint,
     load_training_state,
     restore_rng,
     rng_state,
+    set_aside_after,
     step_dir_name,
 )
 from smelt.config import Config, hash_json
@@ -54,7 +56,7 @@ from smelt.train.distributed import (
     shutdown,
     wrap_model,
 )
-from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, evaluate
+from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, evaluate, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
 from smelt.train.setup import (
@@ -172,6 +174,7 @@ def _train(
     start_step = 0
     resume_from, resume_warnings = agreed_resume(resume, checkpoints_dir, ctx)
     rank_state: dict[str, Any] | None = None
+    ckpt_meta: dict[str, Any] = {}
     if resume_from is not None:
         ckpt_meta, rank_state = load_training_state(resume_from, model, optimizer, expected=identity)
         start_step = int(ckpt_meta["step"])
@@ -192,6 +195,16 @@ def _train(
         if ckpt_meta.get("alerts"):
             spikes.load_state_dict(ckpt_meta["alerts"])
         mixture.resume(loader.step + 1, loader.source_counts)
+    # What this run writes again is moved aside, never overwritten: the checkpoints after its starting
+    # step (damaged ones passed over, newer ones than --resume-from) and the metrics records after it.
+    set_aside = set_aside_after(checkpoints_dir, start_step) if ctx.is_main else []
+    superseded = 0
+    if resume_from is not None and ctx.is_main:
+        own = resume_from.resolve().parent == checkpoints_dir.resolve()  # its offset is into this file
+        superseded = supersede_after_resume(
+            out_dir / "metrics.jsonl", start_step, ckpt_meta.get("metrics_offset") if own else None,
+            rerun_final=start_step >= plan.steps,
+        )  # fmt: skip
     checkpointer = Checkpointer(
         checkpoints_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async_save,
         cfg.checkpoint.milestone_every_steps, cfg.checkpoint.milestone_every_tokens,
@@ -215,6 +228,7 @@ def _train(
         "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(config_dict),
         "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
         **({"world_size_changed": True} if resume_from is not None and rank_state is None else {}),
+        **({"superseded_records": superseded} if resume_from is not None else {}),
     })  # fmt: skip
     if ctx.is_main:
         write_run_manifest(
@@ -224,7 +238,17 @@ def _train(
         if ctx.is_main:
             log(f"warning: {warning}")
         metrics.write({"kind": "event", "step": start_step, "tokens": start_tokens, "event": "alert",
-                       "alert": "damaged_checkpoint", "action": "fallback", "message": warning})  # fmt: skip
+                       "alert": "damaged_checkpoint", "action": "fallback" if resume_from else "start_over",
+                       "message": warning})  # fmt: skip
+    kept = [f"{len(set_aside)} checkpoint directories after step {start_step} were moved to "
+            f"{checkpoints_dir / 'superseded'}"] if set_aside else []  # fmt: skip
+    if metrics.set_aside is not None:
+        kept.append(f"the previous metrics.jsonl was kept as {metrics.set_aside.name}")
+    for note in kept:
+        if ctx.is_main:
+            log(f"note: {note}")
+        metrics.write({"kind": "event", "step": start_step, "tokens": start_tokens, "event": "note",
+                       "message": note})  # fmt: skip
     if resume_from is None:
         if ctx.is_main:
             log(data_plan.table())
@@ -265,6 +289,7 @@ def _train(
             "precision": precision.name,
             "world_size": world_size,
             "parallel": tc.parallel if ctx.distributed else None,
+            "metrics_offset": metrics.offset,  # where a resume from here cuts metrics.jsonl
         }
         rank_state = {"rng": rng_state(device)}
         step_tokens = plan.tokens_at(step) - plan.tokens_at(step - 1)
@@ -455,6 +480,12 @@ def _train(
         metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
                        "status": "ok", "wall_time_s": time.time() - started, "skipped_steps": skipped_total,
                        "rollbacks": rollbacks})  # fmt: skip
+    except CheckpointSaveError as exc:
+        with contextlib.suppress(OSError):  # a disk that is still full may refuse even these lines
+            metrics.write(exc.event(plan.tokens_at(exc.step)))
+            metrics.write({"kind": "event", "step": exc.step, "tokens": plan.tokens_at(exc.step),
+                           "event": "end", "status": "failed", "error": str(exc)})  # fmt: skip
+        raise
     finally:
         watchdog.stop()
         # A save still writing when the run fails is finished (and committed) before the process ends.
