@@ -168,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
         "and every anneal; write RUN/anneals/anneal-step_N.{json,html} and a decision record.",
     )
     _add_config_args(anneal)
-    anneal.add_argument("--from", dest="parent", required=True, metavar="RUN[:STEP]", help="stable checkpoint")
+    anneal.add_argument(
+        "--from", dest="parent", required=True, metavar="RUN[:STEP]", help="stable checkpoint"
+    )
     anneal.add_argument("--decay-tokens", type=int, required=True, metavar="D", help="tokens of each anneal")
     anneal.add_argument(
         "--variant",
@@ -177,8 +179,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME [KEY=VALUE ...]",
         help='one anneal: its name, then its overrides, e.g. --variant code "tokens.mixture={code=0.6, prose=0.4}"',
     )
-    anneal.add_argument("--soup", action="store_true", help="also average the endpoints and evaluate the soup")
-    anneal.add_argument("--restart", action="store_true", help="retrain variants whose plan changed (old moved aside)")
+    anneal.add_argument(
+        "--soup", action="store_true", help="also average the endpoints and evaluate the soup"
+    )
+    anneal.add_argument(
+        "--restart", action="store_true", help="retrain variants whose plan changed (old moved aside)"
+    )
     export = sub.add_parser(
         "export", help="export a checkpoint for other tools", description="Export commands."
     )
@@ -366,6 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 args = build_parser().parse_args(argv)
         try:
+            _one_process_unless_train(args)
             return _dispatch(args)
         except UserError as exc:
             if _reports_bad_input(rank):
@@ -395,6 +402,21 @@ def _unless_rank_0(rank: int, redirect) -> Iterator[None]:
         return
     with open(os.devnull, "w") as sink, redirect(sink):
         yield
+
+
+def _one_process_unless_train(args: argparse.Namespace) -> None:
+    """Under torchrun every rank would run the command in full: N copies of curate writing one
+    directory, N evaluations of one checkpoint. Only `smelt train` divides its work among ranks."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if args.command == "train" or world in ("", "0", "1"):
+        return
+    command = "curate quality-train" if args.command == "curate-quality-train" else args.command
+    raise UserError(
+        f"`smelt {command}` runs in one process, but it was started as one of {world} (WORLD_SIZE = {world}, "
+        f"set by torchrun). Only `smelt train` runs on several processes. Run `smelt {command} ...` without "
+        f"torchrun (curate and tokenize have their own worker pools, data.workers and tokens.workers), then "
+        f"`torchrun --nproc-per-node N -m smelt.cli train CONFIG`; see docs/distributed.md."
+    )
 
 
 def _reports_bad_input(rank: int) -> bool:

@@ -53,13 +53,18 @@ def test_log_and_progress_bars_speak_on_rank_0_only(rank, capsys):
     assert "status from rank 0" in err and "rank 1" not in err
 
 
-def test_tables_print_on_rank_0_only(rank, capsys):
+def test_tables_print_on_rank_0_only(rank, monkeypatch, capsys):
+    def summary_table(args):
+        print("final train / val loss  2.1 / 2.3")
+        return 0
+
+    monkeypatch.setattr("smelt.cli._dispatch", summary_table)
     rank(3)
-    assert main(["plan", "model", "llama-124m"]) == 0
+    assert main(["train", "pipeline.toml"]) == 0
     assert capsys.readouterr().out == ""
     rank(0)
-    assert main(["plan", "model", "llama-124m"]) == 0
-    assert "parameters (non-embedding)" in capsys.readouterr().out
+    assert main(["train", "pipeline.toml"]) == 0
+    assert "final train / val loss" in capsys.readouterr().out
 
 
 def bad_config(tmp_path) -> str:
@@ -107,11 +112,23 @@ def test_a_failure_on_another_rank_is_reported_with_its_rank(rank, monkeypatch, 
 
     monkeypatch.setattr("smelt.cli._dispatch", broken)
     rank(5)
-    assert main(["plan", "model", "llama-124m"]) == 1
+    assert main(["train", "pipeline.toml"]) == 1
     lines = capsys.readouterr().err.splitlines()
     assert lines and all(line.startswith("[rank 5] ") for line in lines)
     assert "[rank 5] RuntimeError: device lost" in lines
     assert lines[-1] == "[rank 5] smelt: failed while running (exit 1); the traceback above says where."
+
+
+@pytest.mark.parametrize("words", [["curate"], ["tokenize"], ["run"], ["eval"], ["tokenizer", "train"]])
+def test_commands_other_than_train_refuse_to_run_under_torchrun(rank, tmp_path, capsys, words):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(f"[run]\ndir = '{tmp_path}'\n")
+    rank(0)
+    assert main([*words, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"`smelt {words[0]}` runs in one process, but it was started as one of 16" in err
+    assert "torchrun --nproc-per-node N -m smelt.cli train CONFIG" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["pipeline.toml"]  # nothing started
 
 
 def test_from_main_is_the_value_itself_in_one_process():
