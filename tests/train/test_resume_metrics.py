@@ -108,6 +108,26 @@ def test_steps_after_the_checkpoint_are_logged_once(tmp_path, monkeypatch, async
     assert [p.value for p in points] == pytest.approx([losses(reference)[s] for s in range(1, STEPS + 1)])
 
 
+def test_the_live_tensorboard_view_drops_the_dead_runs_points(tmp_path, monkeypatch):
+    tokens, tokenizer = write_token_data(tmp_path)
+    cfg = config(tmp_path)
+    cfg.train.tensorboard = True
+    out = tmp_path / "killed"
+    train_killed_at(monkeypatch, cfg, tokens, tokenizer, out, step=8)
+    train(cfg, tokens, tokenizer, out, resume="auto")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(out / "tensorboard"))
+    accumulator.Reload()
+    final = {p.step: p.value for p in accumulator.Scalars("train/loss")}
+    steps = [p.step for p in accumulator.Scalars("train/loss")]
+    assert steps == [256 * s for s in range(1, STEPS + 1)]  # steps 7 and 8 once, from the resumed run
+    logged = losses(records(out / "metrics.jsonl"))
+    assert [final[256 * s] for s in range(1, STEPS + 1)] == pytest.approx(
+        [logged[s] for s in range(1, STEPS + 1)]
+    )
+
+
 def test_a_run_resumed_at_its_final_checkpoint_logs_the_end_once(tmp_path):
     tokens, tokenizer = write_token_data(tmp_path)
     cfg = config(tmp_path)

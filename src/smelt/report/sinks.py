@@ -111,6 +111,8 @@ class TensorBoardSink:
 
     def log(self, record: dict[str, Any]) -> None:
         step = int(record.get("tokens") or 0)
+        if record.get("event") == "resume":
+            self._hide_after(step)
         for tag, value in scalars(record):
             self.writer.add_scalar(tag, value, step)
         if record.get("kind") == "event":
@@ -120,6 +122,15 @@ class TensorBoardSink:
                 self.writer.add_scalar(tag, value, step)
             if record.get("event") not in ("mixture", "checkpoint"):
                 self.writer.add_text("events", f"step {record.get('step')}: {describe(record)}", step)
+
+    def _hide_after(self, tokens: int) -> None:
+        # A resumed run replays the steps after its checkpoint (metrics.jsonl moves the dead run's
+        # records of them aside); a restart marker makes TensorBoard drop the dead run's points too.
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+
+        self.writer.file_writer.add_event(
+            Event(step=tokens + 1, session_log=SessionLog(status=SessionLog.START))
+        )
 
     def log_eval_result(self, result: dict[str, Any], tokens: float) -> None:
         """One `smelt eval` step file: its scalars, and its greedy gallery as text, at `tokens`."""
