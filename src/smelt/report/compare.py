@@ -2,6 +2,10 @@
 batch sizes or models reach the same step at different points), the diff of the resolved configs, and
 the final metrics with noise bands over runs that repeat a seed set.
 
+A fork is drawn at cumulative tokens (its parent's at the fork plus its own) and cumulative FLOPs, so
+a parent and its forks share one axis; when a compared run descends from another, the page adds the
+family tree and a table of held-out figures at equal cumulative tokens.
+
 Runs repeat a seed set when their resolved configs are equal except for run.seed (run.name and
 run.dir, which only say where a run lives, are ignored too). Such a group's spread is the noise floor
 that any other difference in the table has to clear.
@@ -13,12 +17,15 @@ import datetime as dt
 import hashlib
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
 from smelt.report.decisions import decisions_for
 from smelt.report.eval_sections import task_curves, tokens_of
+from smelt.report.forks import equal_tokens_section
+from smelt.report.lineage import Family, flops_offset, tree_html
 from smelt.report.page import missing, note, page, row, section, table
 from smelt.report.run import Run, final_metrics, finite, flatten, load_run
 from smelt.report.svg import COLORS, Band, Chart, Series, chart_svg
@@ -28,6 +35,7 @@ MAX_TASK_CHARTS = 12
 # The final metrics shown first, in this order; any other (per-source losses, tasks) follows.
 HEADLINE = (
     "tokens",
+    "cumulative_tokens",
     "flops",
     "final_train_loss",
     "final_val_loss",
@@ -94,6 +102,10 @@ def _spread(values: list[float]) -> str:
 def metrics_tables(runs: list[Run], names: list[str], groups: list[list[int]]) -> str:
     """One row per final metric: each run's value, then each seed group's mean ± std (min–max)."""
     figures = [final_metrics(r) for r in runs]
+    if any(r.parent for r in runs):  # forks: where each run ends on the lineage's token axis
+        for run, figure in zip(runs, figures, strict=True):
+            if "tokens" in figure:
+                figure["cumulative_tokens"] = run.cumulative(figure["tokens"])
     found = set().union(*figures)
     order = [m for m in HEADLINE if m in found] + sorted(found - set(HEADLINE))
     rows = []
@@ -122,10 +134,14 @@ def metrics_tables(runs: list[Run], names: list[str], groups: list[list[int]]) -
 
 
 def _curve(run: Run, key: str, kind: str) -> list[tuple[float, float]]:
+    """(the run's own tokens, value) of its records of `kind` that hold `key`."""
     return [(float(r.get("tokens") or 0), float(r[key])) for r in run.kind(kind) if finite(r.get(key))]
 
 
-def _bands(runs: list[Run], groups: list[list[int]], key: str, kind: str, scale: list[float]) -> list[Band]:
+Axis = Callable[[float], float]  # a run's own tokens -> its x on one axis
+
+
+def _bands(runs: list[Run], groups: list[list[int]], key: str, kind: str, axis: list[Axis]) -> list[Band]:
     """Min–max over each seed group at the x values every member logged."""
     bands = []
     for k, members in enumerate(groups):
@@ -133,7 +149,7 @@ def _bands(runs: list[Run], groups: list[list[int]], key: str, kind: str, scale:
         common = sorted(set.intersection(*(set(c) for c in curves)))
         if not common:
             continue
-        xs = [x * scale[members[0]] for x in common]
+        xs = [axis[members[0]](x) for x in common]
         bands.append(
             Band(f"seed group {k + 1}: min–max", xs, [min(c[x] for c in curves) for x in common],
                  [max(c[x] for c in curves) for x in common], COLORS[members[0] % len(COLORS)])
@@ -141,32 +157,57 @@ def _bands(runs: list[Run], groups: list[list[int]], key: str, kind: str, scale:
     return bands
 
 
+def _axes(runs: list[Run]) -> tuple[list[tuple[str, list[Axis], str]], str]:
+    """The x axes, (name, each run's own tokens -> x, tick style): tokens, and training FLOPs where every
+    run's FLOPs per token is known. A fork sits at cumulative tokens and FLOPs (its lineage's before the
+    fork plus its own). Also the reason an axis is left out, or ""."""
+    tokens_name = "cumulative tokens" if any(r.parent for r in runs) else "tokens"
+    axes: list[tuple[str, list[Axis], str]] = [
+        (tokens_name, [lambda t, r=r: r.cumulative(t) for r in runs], "si")
+    ]
+    fpt = [r.flops_per_token() for r in runs]
+    if not all(fpt):
+        return axes, "FLOPs axes are left out: a run's start record has no flops_per_token."
+    offsets = [flops_offset(r) for r in runs]
+    if any(o is None for o in offsets):
+        return axes, "FLOPs axes are left out: a fork's parent run or its flops_per_token cannot be read."
+    flops = [lambda t, f=f, o=o: o + f * t for f, o in zip(fpt, offsets, strict=True)]
+    return [*axes, ("training FLOPs", flops, "sci")], ""
+
+
 def curves_section(runs: list[Run], names: list[str], groups: list[list[int]]) -> str:
     parts = []
-    fpt = [r.flops_per_token() for r in runs]
-    for x_name, scale, fmt in (
-        ("tokens", [1.0] * len(runs), "si"),
-        ("training FLOPs", [f or 0.0 for f in fpt], "sci"),
-    ):
-        if x_name != "tokens" and not all(fpt):
-            parts.append(note("FLOPs axes are left out: a run's start record has no flops_per_token."))
-            continue
+    axes, left_out = _axes(runs)
+    tokens_name = axes[0][0]
+    for x_name, axis, fmt in axes:
         for key, kind, title in (("loss", "train", "train loss"), ("val_loss", "eval", "validation loss")):
             series = []
             for i, run in enumerate(runs):
                 points = _curve(run, key, kind)
-                series.append(Series(names[i], [x * scale[i] for x, _ in points], [y for _, y in points],
+                series.append(Series(names[i], [axis[i](x) for x, _ in points], [y for _, y in points],
                                      COLORS[i % len(COLORS)], dots=kind == "eval" and len(points) < 40))  # fmt: skip
-            bands = _bands(runs, groups, key, kind, scale)
+            bands = _bands(runs, groups, key, kind, axis)
             parts.append(
                 chart_svg(
                     Chart(f"{title} against {x_name}", x_name, title, series, bands=bands, x_format=fmt)
                 )
             )
+    if left_out:
+        parts.append(note(left_out))
+    if any(r.parent for r in runs):
+        parts.append(
+            note(
+                "A fork is drawn at cumulative tokens: its parent's tokens at the fork (the parent's own "
+                "offset included) plus its own; its FLOPs likewise, with each run's FLOPs per token."
+            )
+        )
     heldout = []
     for i, run in enumerate(runs):
         points = [
-            (tokens_of(run, e), ((e.get("heldout") or {}).get("overall") or {}).get("bits_per_byte"))
+            (
+                run.cumulative(tokens_of(run, e)),
+                ((e.get("heldout") or {}).get("overall") or {}).get("bits_per_byte"),
+            )
             for e in run.evals
         ]
         heldout.append(
@@ -176,7 +217,9 @@ def curves_section(runs: list[Run], names: list[str], groups: list[list[int]]) -
         )
     if any(s.xs for s in heldout):
         parts.append(
-            chart_svg(Chart("held-out bits per byte against tokens", "tokens", "bits/byte", heldout))
+            chart_svg(
+                Chart(f"held-out bits per byte against {tokens_name}", tokens_name, "bits/byte", heldout)
+            )
         )
     per_run = [task_curves(r) for r in runs]
     tasks = sorted(set().union(*per_run))
@@ -193,7 +236,11 @@ def curves_section(runs: list[Run], names: list[str], groups: list[list[int]]) -
             for i, c in enumerate(per_run)
         ]
         charts.append(
-            chart_svg(Chart(f"task {name} against tokens", "tokens", "score", series, width=440, height=230))
+            chart_svg(
+                Chart(
+                    f"task {name} against {tokens_name}", tokens_name, "score", series, width=440, height=230
+                )
+            )
         )
     parts.append(row(*charts))
     if len(tasks) > MAX_TASK_CHARTS:
@@ -205,12 +252,22 @@ def curves_section(runs: list[Run], names: list[str], groups: list[list[int]]) -
     return "\n".join(parts)
 
 
-def build_comparison(runs: list[Run], decisions_log: Path | None = None) -> str:
+def _forked_from(run: Run) -> str:
+    if not run.parent:
+        return "-"
+    return f"{Path(str(run.parent.get('run_dir'))).name} step {run.parent.get('step')}"
+
+
+def build_comparison(runs: list[Run], decisions_log: Path | None = None, base: Path | None = None) -> str:
+    """The comparison page; `base` is the folder it is written to (the lineage links are relative to it)."""
     names = labels(runs)
     groups = seed_groups(runs)
     listing = table(
-        ["run", "path", "config hash"],
-        [[n, str(r.path), r.start().get("config_hash", "-")] for n, r in zip(names, runs, strict=True)],
+        ["run", "path", "config hash", "forked from"],
+        [
+            [n, str(r.path), r.start().get("config_hash", "-"), _forked_from(r)]
+            for n, r in zip(names, runs, strict=True)
+        ],
     )
     decisions = {}
     for run in runs:
@@ -228,6 +285,14 @@ def build_comparison(runs: list[Run], decisions_log: Path | None = None) -> str:
         section("runs", "Runs", listing),
         section("final", "Final metrics and noise bands", metrics_tables(runs, names, groups)),
         section("curves", "Curves against tokens and FLOPs", curves_section(runs, names, groups)),
+    ]
+    family = Family(runs)
+    if family.related:
+        sections.append(section("lineage", "Lineage", tree_html(runs, base or Path.cwd(), family)))
+    at_equal_tokens = equal_tokens_section(runs, names)
+    if at_equal_tokens is not None:
+        sections.append(section("forks", "Forks against their parents at equal tokens", at_equal_tokens))
+    sections += [
         section("config", "Config diff", config_diff(runs, names)),
         section("decisions", "Decisions", decision_text),
     ]
@@ -252,5 +317,6 @@ def write_comparison(
     runs = [load_run(p) for p in paths]
     path = Path(out) if out else default_output(paths)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(build_comparison(runs, Path(decisions_log) if decisions_log else None), encoding="utf-8")
+    log = Path(decisions_log) if decisions_log else None
+    path.write_text(build_comparison(runs, log, path.parent), encoding="utf-8")
     return path

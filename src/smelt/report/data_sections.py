@@ -163,7 +163,7 @@ def mixture_section(run: Run) -> str:
             )
         )
         if len(windows) > 1:
-            xs = [float(w.get("tokens") or 0) for w in windows]
+            xs = [run.cumulative(w.get("tokens")) for w in windows]
             series = []
             for k, s in enumerate(sources):
                 color = COLORS[k % len(COLORS)]

@@ -22,14 +22,15 @@ def tokens_of(run: Run, result: dict[str, Any]) -> float:
 
 
 def task_curves(run: Run) -> dict[str, list[tuple[float, float]]]:
-    """task/metric -> [(tokens, score)] from eval/step_*.json and from in-loop eval records."""
+    """task/metric -> [(tokens, score)] from eval/step_*.json and from in-loop eval records (a fork's at
+    cumulative tokens: its parent's + its own)."""
     curves: dict[str, dict[float, float]] = {}
     for result in run.evals:
         for name, value in task_scores(result).items():
-            curves.setdefault(name, {})[tokens_of(run, result)] = value
+            curves.setdefault(name, {})[run.cumulative(tokens_of(run, result))] = value
     for record in run.kind("eval"):
         for name, value in task_scores(record).items():
-            curves.setdefault(name, {}).setdefault(float(record.get("tokens") or 0), value)
+            curves.setdefault(name, {}).setdefault(run.cumulative(record.get("tokens")), value)
     return {name: sorted(points.items()) for name, points in sorted(curves.items())}
 
 
@@ -37,7 +38,7 @@ def _references(run: Run) -> dict[str, dict[str, list[tuple[float, ...]]]]:
     """Per task: its chance level and score ± standard error at each evaluated checkpoint."""
     out: dict[str, dict[str, list[tuple[float, ...]]]] = {}
     for result in run.evals:
-        x = tokens_of(run, result)
+        x = run.cumulative(tokens_of(run, result))
         scores = task_scores(result)
         tasks = dict(task_entries(result))
         for task, refs in task_references(result).items():
@@ -134,7 +135,7 @@ def evaluation_section(run: Run) -> str:
     heldout = [(e, (e.get("heldout") or {}).get("overall") or {}) for e in run.evals]
     heldout = [(e, o) for e, o in heldout if finite(o.get("bits_per_byte"))]
     if heldout:
-        xs = [tokens_of(run, e) for e, _ in heldout]
+        xs = [run.cumulative(tokens_of(run, e)) for e, _ in heldout]
         series = [Series("model", xs, [o["bits_per_byte"] for _, o in heldout], dots=True)]
         for key, name in (("gzip_bits_per_byte", "gzip -9"), ("xz_bits_per_byte", "xz -9e")):
             series.append(Series(name, xs, [o.get(key) for _, o in heldout], dash="4 3"))

@@ -31,10 +31,21 @@ class Run:
     galleries: list[tuple[str, Any]] = field(default_factory=list)  # (file name, content)
     summary: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)  # what was skipped while reading, shown in the report
+    parent: dict[str, Any] | None = None  # a fork's parent checkpoint (run_dir, step, cumulative_tokens, ...)
 
     @property
     def name(self) -> str:
         return self.path.name
+
+    @property
+    def tokens_offset(self) -> float:
+        """Where a fork's curves start: its parent's cumulative tokens at the fork (0 for a run from scratch)."""
+        value = (self.parent or {}).get("cumulative_tokens")
+        return float(value) if finite(value) else 0.0
+
+    def cumulative(self, tokens: Any) -> float:
+        """A token count of this run on the lineage's axis: the parent's cumulative tokens + its own."""
+        return self.tokens_offset + (float(tokens) if finite(tokens) else 0.0)
 
     def kind(self, kind: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r.get("kind") == kind]
@@ -65,6 +76,21 @@ def _read_json(path: Path, notes: list[str]) -> Any:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         notes.append(f"{path}: unreadable ({exc}); its section is left out")
         return None
+
+
+def parent_record(run_dir: Path, records: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """A fork's parent as its trainer recorded it: the first start event of metrics.jsonl (when `records`
+    are given), else train/run.json or train/manifest.json. None for a run trained from scratch."""
+    starts = [r for r in records or [] if r.get("kind") == "event" and r.get("event") in ("start", "resume")]
+    starts.sort(key=lambda r: r.get("event") != "start")  # the start loaded the parent; resumes restate it
+    for record in starts:
+        if isinstance(record.get("parent"), dict):
+            return record["parent"]
+    for path in (run_dir / "train" / "run.json", run_dir / "run.json", run_dir / "train" / "manifest.json"):
+        content = _read_json(path, [])
+        if isinstance(content, dict) and isinstance(content.get("parent"), dict):
+            return content["parent"]
+    return None
 
 
 def find_metrics(run_dir: Path) -> Path:
@@ -119,6 +145,7 @@ def load_run(run_dir: str | Path) -> Run:
     run = Run(path=path, metrics_path=metrics_path, records=read_metrics(metrics_path, notes), notes=notes)
     run.config = run.json_file("config.json")
     run.summary = run.json_file("summary.json")
+    run.parent = parent_record(path, run.records)
     for stage in STAGE_DIRS:
         manifest = run.json_file(stage, "manifest.json")
         if manifest is not None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from smelt.report import data_sections, eval_sections, train_sections
+from smelt.report import data_sections, eval_sections, lineage, train_sections
 from smelt.report.decisions import decisions_for
 from smelt.report.page import missing, note, page, section, table
 from smelt.report.run import Run, final_metrics, finite, load_run, task_entries
@@ -22,6 +22,7 @@ SECTIONS: list[tuple[str, str, Callable[[Run], str]]] = [
     ("events", "Events", train_sections.events_section),
     ("evaluation", "Evaluation", eval_sections.evaluation_section),
     ("gallery", "Gallery", eval_sections.gallery_section),
+    ("lineage", "Lineage", lineage.lineage_section),
     ("mixture", "Mixture: target vs realized", data_sections.mixture_section),
     ("retention", "Data retention", data_sections.retention_section),
     ("tokenizer", "Tokenizer", data_sections.tokenizer_section),
@@ -50,6 +51,7 @@ def summary_rows(run: Run) -> list[tuple[str, Any]]:
         ),
         ("steps planned", start.get("steps")),
         ("tokens trained", figures.get("tokens")),
+        *([("cumulative tokens (lineage)", run.cumulative(figures.get("tokens")))] if run.parent else []),
         ("training FLOPs (6N + attention)", f"{figures['flops']:.3g}" if "flops" in figures else "-"),
         ("final train loss", figures.get("final_train_loss")),
         ("final validation loss", figures.get("final_val_loss")),

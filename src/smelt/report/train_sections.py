@@ -47,7 +47,7 @@ def _markers(run: Run) -> list[Marker]:
     ]
     markers = [
         Marker(
-            float(r.get("tokens") or 0),
+            run.cumulative(r.get("tokens")),
             str(r.get("alert") or r.get("event"))[:10],
             f"step {r.get('step')}: {describe(r)}",
             EVENT_COLORS.get(str(r.get("event")), "#999999"),
@@ -57,8 +57,10 @@ def _markers(run: Run) -> list[Marker]:
     return markers
 
 
-def _xy(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float | None]]:
-    xs = [float(r.get("tokens") or 0) for r in records]
+def _xy(
+    records: list[dict[str, Any]], key: str, offset: float = 0.0
+) -> tuple[list[float], list[float | None]]:
+    xs = [offset + float(r.get("tokens") or 0) for r in records]  # offset: a fork's parent tokens
     return xs, [r.get(key) if finite(r.get(key)) else None for r in records]
 
 
@@ -69,16 +71,17 @@ def loss_section(run: Run) -> str:
         return missing(f"{run.metrics_path} holds no train or eval records yet.")
     series = []
     if train:
-        series.append(Series("train loss (mean over the log window)", *_xy(train, "loss")))
+        xy = _xy(train, "loss", run.tokens_offset)
+        series.append(Series("train loss (mean over the log window)", *xy))
         for source in sorted({s for r in train for s in (r.get("loss_by_source") or {})}):
-            xs = [float(r.get("tokens") or 0) for r in train]
+            xs = [run.cumulative(r.get("tokens")) for r in train]
             ys = [(r.get("loss_by_source") or {}).get(source) for r in train]
             series.append(Series(f"train {source}", xs, ys, dash="1 2"))
     if evals:
-        series.append(Series("validation loss", *_xy(evals, "val_loss"), dots=True))
+        series.append(Series("validation loss", *_xy(evals, "val_loss", run.tokens_offset), dots=True))
         sources = sorted({s for r in evals for s in (r.get("val_loss_by_source") or {})})
         for source in sources:
-            xs = [float(r.get("tokens") or 0) for r in evals]
+            xs = [run.cumulative(r.get("tokens")) for r in evals]
             ys = [(r.get("val_loss_by_source") or {}).get(source) for r in evals]
             series.append(Series(f"val {source}", xs, ys, dash="4 3", dots=True))
     markers = _markers(run)
@@ -111,7 +114,7 @@ def lr_section(run: Run) -> str:
             "learning rate",
             "tokens",
             "lr",
-            [Series("lr", *_xy(train, "lr"))],
+            [Series("lr", *_xy(train, "lr", run.tokens_offset))],
             markers=_markers(run),
             y_zero=True,
         )
@@ -129,8 +132,8 @@ def gradients_section(run: Run) -> str:
         "tokens",
         "grad norm",
         [
-            Series("grad norm", *_xy(train, "grad_norm")),
-            Series("after clipping", *_xy(train, "grad_norm_clipped"), dash="4 3"),
+            Series("grad norm", *_xy(train, "grad_norm", run.tokens_offset)),
+            Series("after clipping", *_xy(train, "grad_norm_clipped", run.tokens_offset), dash="4 3"),
         ],
         markers=_markers(run),
         log_y=True,
@@ -139,14 +142,14 @@ def gradients_section(run: Run) -> str:
         "share of steps clipped per log window",
         "tokens",
         "clip fraction",
-        [Series("clip fraction", *_xy(train, "clip_fraction"))],
+        [Series("clip fraction", *_xy(train, "clip_fraction", run.tokens_offset))],
         y_zero=True,
         **SMALL,
     )
     small = [chart_svg(clip)]
     layers = run.kind("layers")
     if layers:
-        xs = [float(r.get("tokens") or 0) for r in layers]
+        xs = [run.cumulative(r.get("tokens")) for r in layers]
         quantiles: dict[str, list[float | None]] = {"max": [], "median": [], "min": []}
         for r in layers:
             ratios = sorted(
@@ -175,14 +178,14 @@ def throughput_section(run: Run) -> str:
     train = [r for r in run.kind("train") if finite(r.get("tokens_per_s"))]
     if not train:
         return missing("no throughput in the train records.")
-    xs = [float(r.get("tokens") or 0) for r in train]
+    xs = [run.cumulative(r.get("tokens")) for r in train]
     charts = [
         chart_svg(
             Chart(
                 "throughput",
                 "tokens",
                 "tokens/s",
-                [Series("tokens/s", *_xy(train, "tokens_per_s"))],
+                [Series("tokens/s", *_xy(train, "tokens_per_s", run.tokens_offset))],
                 y_zero=True,
                 **SMALL,
             )
@@ -239,14 +242,14 @@ def events_section(run: Run) -> str:
     events = run.events()
     if not events:
         return missing("metrics.jsonl holds no events.")
-    end = max((float(r.get("tokens") or 0) for r in run.records), default=0.0)
+    end = max((run.cumulative(r.get("tokens")) for r in run.records), default=0.0)
     lanes: dict[str, list[tuple[float, str]]] = {}
     for r in events:
         kind = str(r.get("event"))
         if kind in ("start", "data_plan", "end", "mixture"):
             continue
         lanes.setdefault(kind, []).append(
-            (float(r.get("tokens") or 0), f"step {r.get('step')}: {describe(r)}")
+            (run.cumulative(r.get("tokens")), f"step {r.get('step')}: {describe(r)}")
         )
     parts = []
     if lanes:
