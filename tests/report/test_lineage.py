@@ -75,7 +75,7 @@ def write_fork(
         if s in (0, 4, 8) and (s or step0_eval):
             by_source = {src: _val(s, src) for src in sources}
             records.append({"kind": "eval", "step": s, "tokens": t(s), "val_loss": sum(by_source.values()) / 3,
-                            "val_loss_by_source": by_source})  # fmt: skip
+                            "val_tokens": 4096, "val_loss_by_source": by_source})  # fmt: skip
     records.append(
         {"kind": "event", "step": FORK_STEPS, "tokens": t(FORK_STEPS), "event": "end", "status": "ok"}
     )
@@ -90,8 +90,13 @@ def write_fork(
     )
     (run / "eval").mkdir()
     for at, overall in ((5, 1.6), (FORK_STEPS, 1.5)):
-        per_source = {src: {"bits_per_byte": overall - 0.5 + k / 10} for k, src in enumerate(sources)}
-        heldout = {"overall": {"bits_per_byte": overall}, "per_source": per_source}
+        # Each source scores the parent's held-out text (conftest: 5 documents, 1,000 bytes per source).
+        per_source = {
+            src: {"bits_per_byte": overall - 0.5 + k / 10, "documents": 5, "bytes": 1000}
+            for k, src in enumerate(sources)
+        }
+        whole = {"bits_per_byte": overall, "documents": 5 * len(sources) // 2, "bytes": 500 * len(sources)}
+        heldout = {"overall": whole, "per_source": per_source}
         (run / "eval" / f"step_{at:07d}.json").write_text(
             json.dumps({"step": at, "tokens_seen": t(at), "heldout": heldout})
         )
@@ -153,8 +158,8 @@ def test_lineage_section_shows_parents_and_forks_with_relative_links(family):
     )
     assert "from step 5 of fork (10,240 tokens into it; 51,200 cumulative)" in lineage  # the grandchild
     assert "trained 20,480 tokens, to 61,440 cumulative" in lineage
-    assert "stable</b>" not in lineage and "other" not in lineage  # an unrelated run is not family
-    assert "anneal" not in lineage  # a sibling fork is the parent's family, not this run's
+    assert "stable</b>" not in lineage and "../other/" not in lineage  # an unrelated run is not family
+    assert "../anneal/" not in lineage  # a sibling fork is the parent's family, not this run's
     assert "validation loss of the lineage at cumulative tokens" in lineage
     assert "stable (up to the fork)" in lineage and "grand" in lineage
 
@@ -182,10 +187,11 @@ def test_parent_and_forks_compared_at_equal_cumulative_tokens(family, capsys):
     assert heldout[8] == "2.51 (equal tokens (step 20))"  # the parent at the fork point (conftest)
     code = rows[("fork", "stable", "held-out bits/byte: code")]
     assert code[3:8] == ["61,440", "1", "1.75", "equal tokens (step 30)", "-0.75"]
-    # The fork also evaluates "prose": overall figures average other data, so no difference is given.
-    overall = rows[("fork", "stable", "held-out bits/byte (other sources)")]
+    # The fork also evaluates "prose": its overall figure scores other text, so no difference is given.
+    overall = rows[("fork", "stable", "held-out bits/byte (other text)")]
     assert overall[4:8] == ["1.5", "1.75", "equal tokens (step 30)", "-"]
-    assert "are not compared; compare them source by source" in table
+    assert "(other text): the two figures score different text, so no difference is given" in table
+    assert rows[("fork", "stable", "validation loss: code (other text)")][7] == "-"  # 3 sources, not 2
     # Validation loss: a fork's last at its step 8 (57,344); the parent's nearest is step 30, 4,096 later.
     val = rows[("anneal", "stable", "validation loss")]
     assert val[3] == "57,344" and val[6] == "nearest: step 30, +4,096 tokens"
@@ -213,16 +219,19 @@ def test_forgetting_next_to_adaptation_for_a_fork_on_a_new_source(family):
     )
     losses, heldout = lineage.split("<h3>Held-out bits per byte per source</h3>")
     rows = {cells[0]: cells for cells in _rows(losses) if cells[1] in ("old", "new")}
-    # From the parent's validation at step 20 (conftest: val - 0.2 for code) to the fork's step 8.
+    # No step-0 validation in this fork: the fork point is the parent's validation at step 20 (conftest:
+    # val - 0.2 for code). It split train.eval_tokens over 2 sources, this run over 3: other windows, so
+    # the value is shown but no change is given.
     parent_val = [r for r in load_run(family["stable"]).kind("eval") if r.get("step") == 20][0]
     code_start = parent_val["val_loss_by_source"]["code"]
-    assert rows["code"][2] == f"{code_start:.5g}" and rows["code"][3] == f"{_val(8, 'code'):.5g}"
-    assert float(rows["code"][5]) == pytest.approx(_val(8, "code") - code_start, abs=1e-4)
+    assert rows["code"][2:6] == [f"{code_start:.5g}", f"{_val(8, 'code'):.5g}", "step 8", "-"]
     assert rows["prose"][1] == "new" and rows["prose"][2] == "-"  # the parent never validated prose
     assert "Values at the fork point: stable&#x27;s validation at step 20 (the fork point)" in lineage
-    # Held-out bits/byte per source: the parent's evaluation of the fork checkpoint, the fork's last.
+    assert "stable&#x27;s validation scored other windows of code, web than this run&#x27;s" in lineage
+    # Held-out bits/byte per source: the parent's evaluation of the fork checkpoint (the same 5 documents
+    # per source), the fork's last.
     held = {cells[0]: cells for cells in _rows(heldout)}
-    assert held["code"][1:4] == ["old", "2.51", "1"] and held["prose"][1:3] == ["new", "-"]
+    assert held["code"][1:5] == ["old", "2.51", "1", "-1.51"] and held["prose"][1:3] == ["new", "-"]
 
     # A fork that validated at its step 0 starts from its own figures (the parent's weights, its data).
     grand = _section(write_run_report(family["grand"]).read_text(), "lineage")
@@ -233,6 +242,9 @@ def test_forgetting_next_to_adaptation_for_a_fork_on_a_new_source(family):
     )
     rows = {cells[0]: cells for cells in _rows(grand.split("<h3>Held-out")[0]) if cells[1] in ("old", "new")}
     assert rows["poetry"][2] == f"{_val(0, 'poetry'):.5g}" and rows["prose"][1] == "old"
+    assert float(rows["poetry"][5]) == pytest.approx(_val(8, "poetry") - _val(0, "poetry"))  # adapted
+    assert float(rows["code"][5]) == pytest.approx(_val(8, "code") - _val(0, "code"))  # forgot a little
+    assert "other windows" not in grand
 
     # An anneal on the parent's own sources has no new domain.
     anneal = _section(write_run_report(family["anneal"]).read_text(), "lineage")

@@ -11,7 +11,7 @@ a fork's own tokens plus its parent's cumulative tokens at the fork.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +35,16 @@ def read_json(path: Path) -> Any:
 
 @dataclass(frozen=True)
 class Point:
-    """One evaluation of a run: its step, cumulative tokens, and figures ("overall" and per source)."""
+    """One evaluation of a run: its step, cumulative tokens, figures ("overall" and per source), and
+    per figure what says which text it scored (two runs' figures compare only where that is equal)."""
 
     step: int
     tokens: float
     values: dict[str, float]
+    scored: dict[str, Any] = field(default_factory=dict)
+
+    def comparable(self, other: Point, key: str) -> bool:
+        return key in self.values and key in other.values and self.scored.get(key) == other.scored.get(key)
 
 
 def val_points(run: Run, single_source: str | None = None) -> list[Point]:
@@ -54,7 +59,12 @@ def val_points(run: Run, single_source: str | None = None) -> list[Point]:
         values.update({s: float(v) for s, v in by_source.items() if finite(v)})
         if single_source and not by_source:
             values[single_source] = values[OVERALL]
-        out.append(Point(int(record.get("step") or 0), run.cumulative(record.get("tokens")), values))
+        # train.eval_tokens is split evenly across the sources: the windows scored per source depend on
+        # how many there are, and on the tokens scored in all.
+        sources = sorted(k for k in values if k != OVERALL)
+        scored = dict.fromkeys(values, (len(sources), record.get("val_tokens")))
+        scored[OVERALL] = (sources, record.get("val_tokens"))
+        out.append(Point(int(record.get("step") or 0), run.cumulative(record.get("tokens")), values, scored))
     return out
 
 
@@ -63,14 +73,14 @@ def heldout_points(run: Run) -> list[Point]:
     out = []
     for result in run.evals:
         heldout = result.get("heldout") or {}
-        values = {}
-        if finite((heldout.get("overall") or {}).get("bits_per_byte")):
-            values[OVERALL] = float(heldout["overall"]["bits_per_byte"])
-        for source, figures in (heldout.get("per_source") or {}).items():
+        values, scored = {}, {}
+        for key, figures in [(OVERALL, heldout.get("overall")), *(heldout.get("per_source") or {}).items()]:
             if isinstance(figures, dict) and finite(figures.get("bits_per_byte")):
-                values[source] = float(figures["bits_per_byte"])
+                values[key] = float(figures["bits_per_byte"])
+                scored[key] = (figures.get("documents"), figures.get("bytes"))  # the same text, or not
         if values:
-            out.append(Point(int(result.get("step") or 0), run.cumulative(tokens_of(run, result)), values))
+            tokens = run.cumulative(tokens_of(run, result))
+            out.append(Point(int(result.get("step") or 0), tokens, values, scored))
     return out
 
 
@@ -124,10 +134,9 @@ def equal_tokens_section(runs: list[Run], names: list[str]) -> str | None:
                 theirs_now = match[0].values.get(key) if match else None
                 theirs_then = start[0].values.get(key) if start else None
                 label = figure if key == OVERALL else f"{figure}: {key}"
-                comparable = ours is not None and theirs_now is not None
-                if key == OVERALL and match and set(final.values) != set(match[0].values):
-                    # Each overall figure averages its own run's sources: with other sources, no difference.
-                    label, comparable, differ = f"{figure} (other sources)", False, True
+                comparable = match is not None and final.comparable(match[0], key)
+                if ours is not None and theirs_now is not None and not comparable:
+                    label, differ = f"{label} (other text)", True
                 rows.append([
                     names[i], names[j], label, int(final.tokens), ours, theirs_now,
                     match[1] if match else "no evaluation", ours - theirs_now if comparable else None,
@@ -146,8 +155,10 @@ def equal_tokens_section(runs: list[Run], names: list[str]) -> str | None:
     )
     if differ:
         text += note(
-            "(other sources): the fork and its parent evaluate different sources, so their overall figures "
-            "average different data and are not compared; compare them source by source."
+            "(other text): the two figures score different text, so no difference is given: an overall "
+            "figure over other sources, held-out documents or bytes that differ (eval.max_bytes is split "
+            "across a run's sources), or validation windows that differ (train.eval_tokens is split evenly "
+            "across a run's sources)."
         )
     return text
 
@@ -245,20 +256,23 @@ def forgetting_section(run: Run) -> str:
             )
         )
     start, start_text = _start_point(run, parent, fork_step)
-    series, rows = [], []
+    series, rows, other_windows = [], [], []
     for k, (source, domain) in enumerate(domains):
         later = [p for p in points if source in p.values and p is not start]
-        xs, ys = [p.tokens for p in later], [p.values[source] for p in later]
+        last = later[-1] if later else None
         origin = start.values.get(source) if start is not None else None
-        if start is not None and origin is not None:
+        same = start is not None and last is not None and start.comparable(last, source)
+        if origin is not None and not same:
+            other_windows.append(source)
+        xs, ys = [p.tokens for p in later], [p.values[source] for p in later]
+        if same and start is not None and origin is not None:
             xs, ys = [start.tokens, *xs], [origin, *ys]
         label = (
             f"old domain (forgetting): {source}" if domain == "old" else f"new domain (adaptation): {source}"
         )
         series.append(Series(label, xs, ys, COLORS[k % len(COLORS)], dash="" if domain == "old" else "4 3",
                              dots=len(xs) < 40))  # fmt: skip
-        last = later[-1] if later else None
-        change = last.values[source] - origin if last is not None and origin is not None else None
+        change = last.values[source] - origin if same and last is not None and origin is not None else None
         rows.append([source, domain, origin, last.values[source] if last else None,
                      f"step {last.step}" if last else "-", change])  # fmt: skip
     marker = Marker(run.tokens_offset, "fork", f"forked from {parent.name} at step {fork_step}")
@@ -272,6 +286,15 @@ def forgetting_section(run: Run) -> str:
             f"source is adaptation."
         )
     )
+    if other_windows:
+        parts.append(
+            note(
+                f"{parent.name}'s validation scored other windows of {', '.join(other_windows)} than this run's "
+                f"(train.eval_tokens is split evenly across a run's sources), so its value is shown but not "
+                f"drawn, and no change is given. A fork that validates at its step 0 scores the parent's "
+                f"weights on its own windows."
+            )
+        )
     parts.append(_heldout_domains(run, parent, fork_step, dict(domains)))
     return "\n".join(parts)
 
@@ -284,18 +307,24 @@ def _heldout_domains(run: Run, parent: Run, fork_step: int, domains: dict[str, s
     theirs = heldout_points(parent)
     at_fork = next((p for p in theirs if p.step == fork_step), None)
     last = own[-1]
-    rows = []
+    rows, other_text = [], []
     for source in sorted(set(last.values) - {OVERALL}):
         before = at_fork.values.get(source) if at_fork else None
         after = last.values[source]
-        rows.append(
-            [source, domains.get(source, "-"), before, after, after - before if before is not None else None]
-        )
+        same = at_fork is not None and at_fork.comparable(last, source)
+        if before is not None and not same:
+            other_text.append(source)
+        rows.append([source, domains.get(source, "-"), before, after, after - before if same else None])
     text = table(["source", "domain", f"{parent.name} step {fork_step}", f"last (step {last.step})", "change"],
                  rows)  # fmt: skip
     if at_fork is None:
         text += note(
             f"{parent.name} has no held-out evaluation at step {fork_step}: `smelt eval {parent.path} "
             f"--checkpoint {fork_step}` adds one."
+        )
+    if other_text:
+        text += note(
+            f"For {', '.join(other_text)} the two evaluations scored different held-out text (other "
+            f"documents or bytes: eval.max_bytes is split across a run's sources), so no change is given."
         )
     return "<h3>Held-out bits per byte per source</h3>" + text
