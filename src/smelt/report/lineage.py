@@ -50,7 +50,7 @@ class Family:
         for path in self.focus:
             members.update(self.chain(path))
         for folder in self.folders:
-            for candidate in sorted(folder.iterdir()) if folder.is_dir() else []:
+            for candidate in _entries(folder):
                 if candidate.is_dir() and candidate.resolve() not in members:
                     chain = self.chain(candidate.resolve())
                     reaches = next((i for i, p in enumerate(chain) if p in self.focus), None)
@@ -89,6 +89,14 @@ class Family:
     def related(self) -> bool:
         """Whether the family has a fork in it (a focus run's parent, or a fork of a focus run)."""
         return any(self.parent_of(path) in self.members for path in self.members)
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The entries of a folder, or none when it cannot be listed (its forks are then not found)."""
+    try:
+        return sorted(folder.iterdir())
+    except OSError:
+        return []
 
 
 def _figures(member: Member, loaded: dict[Path, Run]) -> str:
