@@ -4,7 +4,8 @@ Each document's signature is cut into `bands` bands; a band's rows hash to a 64-
 with the band number and the document's dedup group, so groups never meet). (key, document index)
 records are appended to `partitions` files by key modulo the partition count, so every bucket lies in
 one file; each file is then loaded alone, sorted, and its runs of equal keys give candidate pairs
-(first member, other member). The partition count is chosen so that one file (16 bytes per record,
+(every pair of a bucket of up to ALL_PAIRS_MAX documents; first member and each other member in a
+larger one, which keeps a degenerate bucket linear). The partition count is chosen so that one file (16 bytes per record,
 with sort workspace) fits in the budget. Candidates are optionally verified against the signatures
 (memory-mapped), then merged by union-find whose root is always the smallest document index: the
 representative of a cluster is its first document in canonical order, whatever the worker count or
@@ -23,6 +24,7 @@ from smelt.data.dedup.minhash import LshParams
 
 RECORD = np.dtype([("key", "<u8"), ("doc", "<i8")])
 SORT_OVERHEAD = 6  # measured: records, lexsort indices, sorted keys and docs, run arrays
+ALL_PAIRS_MAX = 64  # buckets up to this size yield all their pairs (at most 2,016 each)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _BAND_MIX = np.uint64(0xD6E8FEB86659FD93)
 
@@ -77,7 +79,10 @@ class BucketFiles:
                     records[lo:hi].tofile(handle)
 
     def candidate_pairs(self) -> Iterator[np.ndarray]:
-        """Per partition, an (m, 2) int64 array of (first member, other member) of each shared bucket."""
+        """Per partition, an (m, 2) int64 array of (smaller, larger document) pairs sharing a bucket:
+        every pair of a bucket of up to ALL_PAIRS_MAX members, and (first member, other member) in a
+        larger bucket. Pairing each member with the first only would miss two close members whose bucket
+        opens with a document far from both (a chance band collision)."""
         for p in range(self.partitions):
             records = np.fromfile(self.path(p), RECORD)
             if len(records) < 2:
@@ -87,12 +92,29 @@ class BucketFiles:
             del records, order
             starts = np.concatenate([[True], keys[1:] != keys[:-1]])
             run_id = np.cumsum(starts) - 1
-            first = docs[np.flatnonzero(starts)][run_id]
-            other = ~starts & (docs != first)
-            if other.any():
+            size = np.bincount(run_id)[run_id]
+            shared = size > 1  # most buckets hold one document
+            docs, run_id, size, starts = docs[shared], run_id[shared], size[shared], starts[shared]
+            if not len(docs):
+                continue
+            found = []
+            large = size > ALL_PAIRS_MAX
+            if large.any():
+                first = np.maximum.accumulate(np.where(starts, np.arange(len(docs)), 0))
+                found.append(np.stack([docs[first[large]], docs[large]], axis=1))
+            at = np.flatnonzero(~large)  # members of small buckets: pair each with every later one
+            step = 1
+            while len(at):
+                at = at[at + step < len(docs)]
+                at = at[run_id[at + step] == run_id[at]]
+                found.append(np.stack([docs[at], docs[at + step]], axis=1))
+                step += 1
+            pairs = np.concatenate(found)
+            pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+            if len(pairs):
                 # A close pair shares several bands: keep each pair once per partition.
                 n = np.int64(docs.max() + 1)
-                code = np.unique(first[other] * n + docs[other])
+                code = np.unique(pairs[:, 0] * n + pairs[:, 1])
                 yield np.stack([code // n, code % n], axis=1)
 
 

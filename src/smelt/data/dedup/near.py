@@ -6,7 +6,8 @@ to partitioned bucket files (`lsh.BucketFiles`, memory bounded by `data.near_ded
 candidate pairs are verified (`data.near_dedup.verify`: on the signatures, or by true Jaccard of the
 shingle sets, which the signature workers then also write next to the shard, `<key>.shingles.npy`, 4
 bytes per distinct shingle) and merged by union-find; a member not itself close to its cluster's
-representative (joined only through a chain) is detached and kept. Documents are numbered in
+representative (joined only through a chain) is detached, and the detached members are clustered
+again among themselves (two of them close to each other are still near-duplicates). Documents are numbered in
 canonical order (config source order, file order, record order), and a cluster's representative is its
 smallest number, so the kept set is the same for any worker count. Only members of clusters with more
 than one document are remembered, keyed by (source, id).
@@ -155,22 +156,18 @@ def plan_near_dedup(
         first += count
     uf = UnionFind(n)
     candidates = verified = 0
+    edges = []
     for pairs in buckets.candidate_pairs():
         candidates += len(pairs)
         pairs = _verify(pairs, nd, all_sigs, shingles)
         verified += len(pairs)
         uf.union_pairs(pairs)
+        edges.append(pairs)
     roots = uf.roots()
-    detached = 0
+    detached = regrouped = 0
     if nd.verify != "none":
-        # Union-find is transitive: a chain of close pairs can join documents far apart. A member is
-        # removed only when it is itself close to the copy that is kept; the others stay on their own.
-        members = np.flatnonzero(roots != np.arange(n))
-        pairs = np.stack([roots[members], members], axis=1)
-        close = _verify(pairs, nd, all_sigs, shingles)
-        far = np.setdiff1d(members, close[:, 1])
-        roots[far] = far
-        detached = len(far)
+        edges_all = np.concatenate(edges) if edges else np.zeros((0, 2), np.int64)
+        detached, regrouped = _settle(roots, edges_all, nd, all_sigs, shingles)
     sizes = np.bincount(roots, minlength=n)
     in_cluster = np.flatnonzero(sizes[roots] > 1)
     plan = NearDupPlan()
@@ -181,6 +178,7 @@ def plan_near_dedup(
         "candidate_pairs": candidates,
         "verified_pairs": verified,
         "detached_from_cluster": detached,
+        "regrouped_after_detach": regrouped,
         "clusters": int(np.count_nonzero(sizes > 1)),
         "documents_in_clusters": len(in_cluster),
         "s_curve_false_positive": round(params.false_positive, 5),
@@ -196,6 +194,40 @@ def plan_near_dedup(
     for p in lsh_dir.glob("bucket-*.bin"):
         p.unlink()
     return plan
+
+
+def _settle(
+    roots: np.ndarray,
+    edges: np.ndarray,
+    nd: NearDedupConfig,
+    sigs: SignatureStore,
+    shingles: ShingleStore | None,
+) -> tuple[int, int]:
+    """Keep in each cluster only the members close to its representative (`roots`, changed in place).
+
+    Union-find is transitive: a chain of close pairs can join documents far apart. A member is removed
+    only when it is itself close to the copy that is kept; the others are detached, and clustered
+    again over the verified pairs among them (`edges`), round after round: two detached documents
+    close to each other are still near-duplicates, one of which must go. Returns (documents left on
+    their own after being detached, detached documents that joined a new cluster)."""
+    n = len(roots)
+    members = np.flatnonzero(roots != np.arange(n))
+    detached = np.zeros(n, bool)
+    while len(members):
+        close = _verify(np.stack([roots[members], members], axis=1), nd, sigs, shingles)
+        far = np.setdiff1d(members, close[:, 1])
+        roots[far] = far
+        detached[far] = True
+        among = edges[np.isin(edges, far).all(axis=1)] if len(far) > 1 else edges[:0]
+        if not len(among):
+            break
+        uf = UnionFind(n)
+        uf.union_pairs(among)
+        regroup = uf.roots()[far]
+        roots[far] = regroup
+        members = far[regroup != far]
+    alone = detached & (np.bincount(roots, minlength=n)[roots] == 1)
+    return int(alone.sum()), int((detached & ~alone).sum())
 
 
 def _verify(
