@@ -245,6 +245,7 @@ def test_forgetting_next_to_adaptation_for_a_fork_on_a_new_source(family):
     assert float(rows["poetry"][5]) == pytest.approx(_val(8, "poetry") - _val(0, "poetry"))  # adapted
     assert float(rows["code"][5]) == pytest.approx(_val(8, "code") - _val(0, "code"))  # forgot a little
     assert "other windows" not in grand
+    assert grand.count(f"new domain (adaptation): poetry: {fmt_number(51200)},") == 1  # drawn once
 
     # An anneal on the parent's own sources has no new domain.
     anneal = _section(write_run_report(family["anneal"]).read_text(), "lineage")

@@ -202,11 +202,11 @@ def _single(run: Run) -> str | None:
     return next(iter(sources)) if sources and len(sources) == 1 else None
 
 
-def _start_point(run: Run, parent: Run, fork_step: int) -> tuple[Point | None, str]:
-    """The validation losses at the fork point: the fork's own evaluation at step 0 (the parent's
-    weights on this run's validation data) when it made one, else the parent's at the fork step (or
-    its last evaluation before it)."""
-    own = next((p for p in val_points(run, _single(run)) if p.step == 0), None)
+def _start_point(points: list[Point], parent: Run, fork_step: int) -> tuple[Point | None, str]:
+    """The validation losses at the fork point: the fork's own evaluation at step 0 (one of `points`:
+    the parent's weights on this run's validation data) when it made one, else the parent's at the
+    fork step (or its last evaluation before it)."""
+    own = next((p for p in points if p.step == 0), None)
     if own is not None:
         return own, "this run's validation at step 0 (the parent's weights)"
     before = [p for p in val_points(parent, _single(parent)) if p.step <= fork_step]
@@ -255,7 +255,7 @@ def forgetting_section(run: Run) -> str:
                 "keep the old sources in its data (replay, a small share of tokens.mixture) to measure it."
             )
         )
-    start, start_text = _start_point(run, parent, fork_step)
+    start, start_text = _start_point(points, parent, fork_step)
     series, rows, other_windows = [], [], []
     for k, (source, domain) in enumerate(domains):
         later = [p for p in points if source in p.values and p is not start]

@@ -221,6 +221,10 @@ def family_chart(run: Run, family: Family) -> str:
     text = chart_svg(
         Chart("validation loss of the lineage at cumulative tokens", "cumulative tokens", "loss", series)
     )
+    text += note(
+        "Each run's validation loss is on its own validation data: a fork with other sources, or another "
+        "mixture weighting them, scores other text than its parent."
+    )
     if len(rows) > MAX_CURVES:
         text += note(f"the first {MAX_CURVES} runs of the family are drawn.")
     if unread:
