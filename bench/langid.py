@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -31,13 +30,12 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, write_result  # noqa: E402
+from common import RESULTS, shared_data, write_result  # noqa: E402
 
 from smelt.data.normalize import normalize_text  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("SMELT_SHARED_DATA", ROOT.parent / "shared" / "data"))
-MULTI = SHARED / "corpus" / "multilingual"
+SENTENCES = "corpus/multilingual/lingua-testdata-A/sentences"
+UDHR = "corpus/multilingual/nltk_udhr2"
 BACKENDS = ("py3langid", "lingua", "lingua_low")
 PER_LANGUAGE = 200
 UDHR_PARAGRAPHS = 50
@@ -59,7 +57,7 @@ UDHR_FILES = {
 
 def sentence_set() -> list[tuple[str, str]]:
     items = []
-    for path in sorted((MULTI / "lingua-testdata-A" / "sentences").glob("*.txt")):
+    for path in sorted((shared_data(SENTENCES) / SENTENCES).glob("*.txt")):
         lines = [s for s in path.read_text(encoding="utf-8").splitlines() if s.strip()]
         start = 200 if len(lines) >= 400 else 100
         items += [(path.stem, normalize_text(s)) for s in lines[start : start + PER_LANGUAGE]]
@@ -69,7 +67,7 @@ def sentence_set() -> list[tuple[str, str]]:
 def udhr_set() -> list[tuple[str, str]]:
     items = []
     for lang, stem in sorted(UDHR_FILES.items()):
-        path = MULTI / "nltk_udhr2" / f"{stem}.txt"
+        path = shared_data(UDHR) / UDHR / f"{stem}.txt"
         if path.exists():
             lines = [s.strip() for s in path.read_text(encoding="utf-8").splitlines()]
             items += [(lang, normalize_text(s)) for s in lines if len(s) >= 40][:UDHR_PARAGRAPHS]
@@ -166,9 +164,7 @@ def main() -> None:
     if args.markdown:
         print(markdown(json.loads((RESULTS / "langid.json").read_text())))
         return
-    for needed in (MULTI / "lingua-testdata-A" / "sentences", MULTI / "nltk_udhr2"):
-        if not needed.is_dir():
-            sys.exit(f"error: {needed} not found; set SMELT_SHARED_DATA to the shared data folder")
+    shared_data(SENTENCES, UDHR)  # before any work: say where the shared data was looked for
     sets = {"sentences": sentence_set(), "udhr": udhr_set()}
     figures: dict[str, object] = {
         "sentences_items": len(sets["sentences"]),
