@@ -36,8 +36,18 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
         "train_tokens_per_s": train["tokens_per_s"],
         "train_mfu": train.get("mfu"),
         "final_train_loss": train["final_train_loss"],
+        # The trainer's last validation: per-source losses and the headline combined from them.
         "final_val_loss": train["final_val_loss"],
-        "val_bits_per_byte": heldout["bits_per_byte"],
+        "val_loss_weighting": train.get("val_loss_weighting"),
+        "val_loss_by_source": train.get("val_loss_by_source"),
+        "eval_time_s": train.get("eval_time_s"),
+        "eval_share": train.get("eval_share"),
+        "evals_skipped": train.get("evals_skipped"),
+        "val_bits_per_byte": heldout["bits_per_byte"],  # total bits over total bytes, all sources
+        "val_bits_per_byte_by_source": {
+            source: figures["bits_per_byte"]
+            for source, figures in evaluation["heldout"]["per_source"].items()
+        },
         "val_gzip_bits_per_byte": heldout["gzip_bits_per_byte"],
         "val_xz_bits_per_byte": heldout["xz_bits_per_byte"],
         "val_bytes": heldout["bytes"],
@@ -79,9 +89,13 @@ def print_summary(summary: dict[str, Any]) -> None:
         ("MFU", "-" if summary["train_mfu"] is None else f"{100 * summary['train_mfu']:.1f}%"),
         (
             "final train / val loss",
-            f"{fmt(summary['final_train_loss'], '.4f')} / {fmt(summary['final_val_loss'], '.4f')}",
+            f"{fmt(summary['final_train_loss'], '.4f')} / {fmt(summary['final_val_loss'], '.4f')}"
+            + val_weighting(summary),
         ),
+        *by_source_row("val loss by source", summary.get("val_loss_by_source")),
+        ("validation time", eval_time(summary)),
         ("val bits/byte: model", fmt(summary["val_bits_per_byte"], ".4f")),
+        *by_source_row("val bits/byte by source", summary.get("val_bits_per_byte_by_source")),
         ("val bits/byte: gzip -9", fmt(summary["val_gzip_bits_per_byte"], ".4f")),
         ("val bits/byte: xz -9e", fmt(summary["val_xz_bits_per_byte"], ".4f")),
         ("held-out bytes", fmt(summary["val_bytes"])),
@@ -97,11 +111,38 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"  {'summary':<10} {Path(summary['run_dir']) / 'summary.json'}")
 
 
+def val_weighting(summary: dict[str, Any]) -> str:
+    """How the headline validation loss combines the sources, when there are several."""
+    sources = summary.get("val_loss_by_source") or {}
+    if len(sources) < 2:
+        return ""
+    weighting = summary.get("val_loss_weighting") or "mixture"
+    how = "the training mixture" if weighting == "mixture" else "tokens scored"
+    return f" (val: {len(sources)} sources weighted by {how})"
+
+
+def by_source_row(name: str, values: dict[str, float] | None) -> list[tuple[str, str]]:
+    """One row listing a figure per source, when there are several."""
+    if not values or len(values) < 2:
+        return []
+    return [(name, ", ".join(f"{source} {value:.4f}" for source, value in sorted(values.items())))]
+
+
+def eval_time(summary: dict[str, Any]) -> str:
+    seconds, share = summary.get("eval_time_s"), summary.get("eval_share")
+    if seconds is None:
+        return "-"
+    text = f"{seconds:.1f}s" + (f" ({100 * share:.1f}% of training)" if share is not None else "")
+    skipped = summary.get("evals_skipped") or 0
+    return text + (f"; {skipped} evaluation(s) skipped for train.eval_budget" if skipped else "")
+
+
 def eval_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("checkpoint", result["checkpoint"])]
-    for source, figures in sorted(result["heldout"]["per_source"].items()) + [
-        ("all", result["heldout"]["overall"])
-    ]:
+    overall = result["heldout"]["overall"]
+    weighting = overall.get("loss_weighting")
+    everything = f"all ({weighting}-weighted loss)" if weighting else "all"
+    for source, figures in sorted(result["heldout"]["per_source"].items()) + [(everything, overall)]:
         rows.append(
             (
                 f"{source}: loss / bits-per-byte",

@@ -194,7 +194,7 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Evaluate one checkpoint; write out_dir/step_NNNNNNN.json and return it (plus wall time)."""
     from smelt.checkpoint.store import load_model, read_meta
-    from smelt.eval.heldout import heldout_bits_per_byte, samples
+    from smelt.eval.heldout import heldout_bits_per_byte, samples, training_mixture
     from smelt.tokenizer.load import Tokenizer
 
     started = time.time()
@@ -216,6 +216,7 @@ def evaluate_checkpoint(
         cfg.eval.max_bytes,
         device=device,
         doc_masking=cfg.train.doc_masking,
+        weights=training_mixture(cfg, run_dir / "tokens"),
     )
     e = cfg.eval
     sampled = samples(model, tokenizer, e.prompts, e.max_new_tokens, e.temperature, e.top_k, cfg.run.seed)

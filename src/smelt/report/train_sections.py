@@ -77,9 +77,13 @@ def loss_section(run: Run) -> str:
             xs = [run.cumulative(r.get("tokens")) for r in train]
             ys = [(r.get("loss_by_source") or {}).get(source) for r in train]
             series.append(Series(f"train {source}", xs, ys, dash="1 2"))
+    sources = sorted({s for r in evals for s in (r.get("val_loss_by_source") or {})})
     if evals:
-        series.append(Series("validation loss", *_xy(evals, "val_loss", run.tokens_offset), dots=True))
-        sources = sorted({s for r in evals for s in (r.get("val_loss_by_source") or {})})
+        weighting = evals[-1].get("val_loss_weighting")
+        name = (
+            f"validation loss ({weighting}-weighted)" if weighting and len(sources) > 1 else "validation loss"
+        )
+        series.append(Series(name, *_xy(evals, "val_loss", run.tokens_offset), dots=True))
         for source in sources:
             xs = [run.cumulative(r.get("tokens")) for r in evals]
             ys = [(r.get("val_loss_by_source") or {}).get(source) for r in evals]
@@ -101,7 +105,32 @@ def loss_section(run: Run) -> str:
             "its validation loss."
         )
     )
+    if len(sources) > 1:
+        parts.append(note(_weighting_text(evals[-1])))
+    skipped = run.events("eval_skipped")
+    if skipped:
+        parts.append(
+            note(
+                f"{len(skipped)} periodic validation(s) skipped to keep evaluation within train.eval_budget = "
+                f"{skipped[0].get('eval_budget')} of the training time (steps "
+                f"{', '.join(str(e.get('step')) for e in skipped[:10])}{', ...' if len(skipped) > 10 else ''})."
+            )
+        )
     return "\n".join(parts)
+
+
+def _weighting_text(record: dict[str, Any]) -> str:
+    """How the headline validation loss of `record` combines its sources."""
+    weights = record.get("val_loss_weights") or {}
+    listed = ", ".join(f"{source} {weight:.3f}" for source, weight in sorted(weights.items()))
+    if record.get("val_loss_weighting") == "tokens":
+        return f"The validation loss weighs each source by the tokens scored ({listed})."
+    if record.get("val_loss_weighting") == "mixture":
+        return (
+            f"The validation loss is the mean of the per-source validation losses weighted by the training "
+            f"mixture ({listed}), the figure the summary and summary.json report."
+        )
+    return "The validation loss of this run is over the concatenated validation split, not per source."
 
 
 def lr_section(run: Run) -> str:

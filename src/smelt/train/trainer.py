@@ -40,6 +40,7 @@ from smelt.checkpoint.store import (
 )
 from smelt.config import Config, hash_json
 from smelt.errors import UserError
+from smelt.eval.heldout import training_mixture
 from smelt.manifest import write_json
 from smelt.model.flops import count_params, flops_per_token
 from smelt.model.transformer import Transformer
@@ -56,7 +57,8 @@ from smelt.train.distributed import (
     shutdown,
     wrap_model,
 )
-from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, evaluate, supersede_after_resume
+from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, skip_note
+from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
 from smelt.train.setup import (
@@ -113,7 +115,7 @@ def _train(
     started: float,
 ) -> dict[str, Any]:
     """The run itself, inside the process group that `train` sets up and always tears down."""
-    from smelt.tokens.loader import TokenLoader, eval_windows  # lazy: tokens/ is a sibling stage
+    from smelt.tokens.loader import TokenLoader  # lazy: tokens/ is a sibling stage
     from smelt.tokens.mixture import MixtureMonitor
 
     tc = cfg.train
@@ -258,24 +260,39 @@ def _train(
                 log(f"warning: {warning}")
             metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "warning", "message": warning})
 
-    def run_eval(step: int) -> float | None:
-        if not have_val:
-            return None
+    # Each validation source is scored once; the headline weighs their losses by the training mixture
+    # (an aggregate can fall while one domain regresses, so the per-source losses are logged too).
+    validation = Validation(
+        tokens_dir, val_sources, tc.seq_len, tc.eval_tokens, tc.micro_batch, precision, device, eos_id,
+        training_mixture(cfg, tokens_dir),
+    ) if have_val else None  # fmt: skip
+    eval_budget = EvalBudget(tc.eval_budget)
+    val_record: dict[str, Any] = {}  # the figures of the last evaluation that ran
 
-        def score(source: str | None) -> tuple[float, int]:
-            windows = eval_windows(tokens_dir, "val", tc.seq_len, max_tokens=tc.eval_tokens, source=source)
-            return evaluate(forward, windows, tc.seq_len, tc.micro_batch, precision, device, eos_id)
-
-        val_loss, scored = score(None)
-        if scored == 0:
+    def run_eval(step: int, train_s: float, final: bool = False) -> float | None:
+        if validation is None or validation.tokens == 0:
             return None
-        # With several sources, each gets its own loss on its own first eval_tokens: an aggregate can
-        # fall while one domain regresses.
-        by_source = {s: score(s)[0] for s in val_sources} if len(val_sources) > 1 else {}
-        metrics.write({"kind": "eval", "step": step, "tokens": plan.tokens_at(step),
-                       "val_loss": val_loss, "val_tokens": scored,
-                       **({"val_loss_by_source": by_source} if by_source else {})})  # fmt: skip
-        return val_loss
+        tokens_now = plan.tokens_at(step)
+        if not final:  # the final evaluation always runs: it is the run's headline
+            rate = (tokens_now - plan.tokens_at(start_step)) / train_s if train_s > 0 else 0.0
+            predicted = eval_budget.predict_s(validation.tokens, rate)
+            if not rank0_decides(eval_budget.allows(predicted, train_s), device):
+                eval_budget.skipped += 1
+                if eval_budget.skipped == 1 and ctx.is_main:
+                    log(skip_note(step, predicted, eval_budget, train_s))
+                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "eval_skipped",
+                               "predicted_s": round(predicted, 3), "eval_s": round(eval_budget.eval_s, 3),
+                               "train_s": round(train_s, 3), "eval_budget": tc.eval_budget})  # fmt: skip
+                return None
+        result = validation.run(forward, desc=f"validation at step {step}", show=ctx.is_main)
+        eval_budget.record(result.seconds, result.tokens)
+        val_record.clear()
+        val_record.update(result.fields())
+        metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, **result.fields(),
+                       "eval_share": eval_budget.share_of(train_s)})  # fmt: skip
+        if ctx.is_main:
+            bar.set_postfix(val=f"{result.loss:.3f}", refresh=False)
+        return result.loss
 
     def checkpoint(step: int) -> None:
         meta = {
@@ -461,7 +478,7 @@ def _train(
                 window_losses, window_time, window_wait, window_tokens = [], 0.0, 0.0, 0
                 window_clipped = window_skipped = window_steps = 0
             if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
-                last_val = run_eval(step)
+                run_eval(step, train_time)
             if inloop is not None and inloop.due(step) and (sharded or ctx.is_main):
                 # FSDP gathers shards in every forward, so all ranks score; otherwise rank 0 alone.
                 # At the training precision, as the validation loss is; log-probs are taken in fp32.
@@ -471,7 +488,9 @@ def _train(
             if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
                 checkpoint(step)
             watchdog.beat(step)
-        last_val = run_eval(plan.steps)
+        last_val = run_eval(plan.steps, train_time, final=True)
+        if ctx.is_main and validation is not None:
+            log(budget_note(eval_budget, train_time))
         checkpoint(plan.steps)
         for event in checkpointer.close():
             metrics.write(event)
@@ -479,7 +498,8 @@ def _train(
         summary_tps = (plan.tokens - plan.tokens_at(start_step)) / max(train_time, 1e-9)
         metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
                        "status": "ok", "wall_time_s": time.time() - started, "skipped_steps": skipped_total,
-                       "rollbacks": rollbacks})  # fmt: skip
+                       "rollbacks": rollbacks, "eval_s": round(eval_budget.eval_s, 3), "evals": eval_budget.runs,
+                       "evals_skipped": eval_budget.skipped})  # fmt: skip
     except CheckpointSaveError as exc:
         with contextlib.suppress(OSError):  # a disk that is still full may refuse even these lines
             metrics.write(exc.event(plan.tokens_at(exc.step)))
@@ -503,6 +523,11 @@ def _train(
         "params_non_embedding": params["non_embedding"],
         "final_train_loss": last_log_loss,
         "final_val_loss": last_val,
+        "val_loss_weighting": val_record.get("val_loss_weighting"),
+        "val_loss_by_source": val_record.get("val_loss_by_source"),
+        "eval_time_s": round(eval_budget.eval_s, 3),
+        "eval_share": eval_budget.share_of(train_time),
+        "evals_skipped": eval_budget.skipped,
         "tokens_per_s": summary_tps,
         "mfu": flops_tok * summary_tps / peak_total if peak_total else None,
         "loader_wait_share": total_wait / max(train_time, 1e-9),
