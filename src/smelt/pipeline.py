@@ -337,6 +337,13 @@ def stale_upstream(cfg: Config, stage: str, parent: Any = None) -> list[str]:
     return lines
 
 
+def _must_stop(stage: str, found: Assessment, restart: bool) -> bool:
+    """A changed plan stops only for training with committed checkpoints or real work: its weights
+    cannot be remade from the new config. Other costly outputs (curated documents, shards, eval
+    results) are moved aside and remade."""
+    return stage == "train" and found.action == "run" and found.costly is not None and not restart
+
+
 def _stop_for_costly(cfg: Config, stage: str, found: Assessment) -> UserError:
     directory = stage_dir(cfg, stage)
     what = "\n  ".join(found.changes) or "(unknown)"
@@ -344,8 +351,6 @@ def _stop_for_costly(cfg: Config, stage: str, found: Assessment) -> UserError:
         f"fork a new run from its checkpoint, which keeps the weights and follows the new plan "
         f"(`smelt train CONFIG --from {cfg.run_dir} --set run.name=NEW_NAME`), or pass --restart to move "
         f"{directory.name}/ to {cfg.run_dir / 'superseded'}/ and start over from step 0"
-        if stage == "train"
-        else f"pass --restart to move {directory.name}/ to {cfg.run_dir / 'superseded'}/ and rerun the stage"
     )
     return UserError(
         f"{directory} holds {found.costly} made under a different plan; nothing was changed or deleted. "
@@ -398,12 +403,12 @@ def _run_stage_locked(
             directory.symlink_to(found.link_to.resolve(), target_is_directory=True)
         log(f"[{stage}] taken from the parent run: {directory} -> {found.link_to}")
         return StageOutcome(stage, directory, True, 0.0, (read_manifest(directory) or {}).get("result", {}))
+    if rank == 0 and _must_stop(stage, found, force or restart):
+        raise _stop_for_costly(cfg, stage, found)
     log(f"[{stage}] {'resuming' if found.action == 'resume' else 'running'} -> {directory}")
     attempt = {"config_hash": spec.config_hash, "inputs": spec.inputs, "config": spec.config}
     if rank == 0:
         if found.action == "run" and (directory.exists() or directory.is_symlink()):
-            if found.costly and not (force or restart):
-                raise _stop_for_costly(cfg, stage, found)
             if found.costly:
                 moved = move_aside(directory, cfg.run_dir)
                 log(f"[{stage}] previous output ({found.costly}) moved to {moved}, not deleted")
@@ -455,7 +460,7 @@ def preflight(cfg: Config, stages: tuple[str, ...], force: bool = False, restart
             )  # fmt: skip
         if found.action == "run":
             rerunning.append(stage)
-            if found.costly and (directory.exists() and not directory.is_symlink()):
+            if _must_stop(stage, found, False):
                 raise _stop_for_costly(cfg, stage, found)
 
 
