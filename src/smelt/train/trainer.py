@@ -29,6 +29,7 @@ import torch
 from tqdm import tqdm
 
 from smelt.checkpoint.failures import CheckpointSaveError
+from smelt.checkpoint.lineage import check_fits, load_parent, resolve_parent
 from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import (
     latest_checkpoint,
@@ -65,6 +66,7 @@ from smelt.train.setup import (
     agreed_resume,
     alert_policy,
     build_schedule,
+    check_token_inputs,
     clipped_norm,
     file_hash,
     has_tokens,
@@ -172,6 +174,11 @@ def _train(
         "tokenizer_hash": tokens_meta.get("tokenizer_hash") or file_hash(tokenizer_dir / "tokenizer.json"),
         "data_hash": file_hash(tokens_dir / "shards.json"),
     }
+    check_token_inputs(tokens_dir, tokenizer_dir, tokens_meta, vocab_size)
+    parent = resolve_parent(tc.init_from) if tc.init_from else None
+    if parent is not None:
+        check_fits(parent, identity["model_config"], vocab_size)
+        identity["parent"] = parent.record()
 
     start_step = 0
     resume_from, resume_warnings = agreed_resume(resume, checkpoints_dir, ctx)
@@ -197,6 +204,8 @@ def _train(
         if ckpt_meta.get("alerts"):
             spikes.load_state_dict(ckpt_meta["alerts"])
         mixture.resume(loader.step + 1, loader.source_counts)
+    elif parent is not None:  # a fork's first step starts from the parent's exact weights
+        load_parent(parent, model, optimizer, tc.init_optimizer)
     # What this run writes again is moved aside, never overwritten: the checkpoints after its starting
     # step (damaged ones passed over, newer ones than --resume-from) and the metrics records after it.
     set_aside = set_aside_after(checkpoints_dir, start_step) if ctx.is_main else []
@@ -229,6 +238,7 @@ def _train(
         "flops_per_token": flops_tok, "peak_flops": peak_total, "world_size": world_size,
         "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(config_dict),
         "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
+        **({"parent": identity["parent"]} if parent is not None else {}),
         **({"world_size_changed": True} if resume_from is not None and rank_state is None else {}),
         **({"superseded_records": superseded} if resume_from is not None else {}),
     })  # fmt: skip
@@ -326,6 +336,8 @@ def _train(
 
     bar = progress(total=plan.steps, unit="step") if ctx.is_main else tqdm(disable=True)
     bar.update(start_step)
+    if parent is not None and resume_from is None:  # the fork point, scored on this run's own val data
+        run_eval(0, 0.0, final=True)
     window_losses: list[float] = []
     train_sources = list(data_plan.sources)
     window_source_sums = torch.zeros((len(train_sources), 2), dtype=torch.float64)
@@ -429,7 +441,10 @@ def _train(
                     raise fail(step, (
                         f"training stopped: {spikes.consecutive_skips} consecutive steps skipped or rolled back "
                         f"(train.max_consecutive_skips); the last at step {step}: {alerts[-1].message} "
-                        f"(lr {lr:.3g}). Lower train.lr, raise train.warmup_tokens or check the data, then rerun."
+                        f"(lr {lr:.3g}). Lower train.lr, raise train.warmup_tokens or check the data; then continue "
+                        f"from the last good checkpoint as a fork (`smelt train CONFIG --from {out_dir.parent} "
+                        f"--set run.name=NEW_NAME`) or start over with --restart (the old train/ is moved "
+                        f"to superseded/, not deleted)."
                     ))  # fmt: skip
             optimizer.zero_grad(set_to_none=True)
             if ratios is not None and ratios.before is not None:
