@@ -11,7 +11,14 @@ import torch
 
 from smelt.config import ModelConfig, config_from_dict
 from smelt.errors import ConfigError
-from smelt.model.rope import model_rope_table, ntk_theta, rope_inv_freq, rope_table, yarn_inv_freq
+from smelt.model.rope import (
+    extend_context,
+    model_rope_table,
+    ntk_theta,
+    rope_inv_freq,
+    rope_table,
+    yarn_inv_freq,
+)
 from smelt.model.transformer import Transformer
 
 VOCAB = 384
@@ -195,3 +202,17 @@ def test_a_valid_extension_config_loads():
         }
     )
     assert cfg.model.rope_factor == 4.0 and cfg.model.rope_original_max_seq_len == 256
+
+
+@pytest.mark.parametrize("name", ["none", "yarn"])
+def test_extend_context_widens_the_table_under_the_same_frequencies(name):
+    model = build(max_seq_len=ORIGINAL, **(SCALINGS[name] if name != "none" else {}))
+    x = torch.randint(0, VOCAB, (1, EXTENDED), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        before, _ = model(x[:, :ORIGINAL])
+        with pytest.raises(ValueError, match="exceeds max_seq_len"):
+            model(x)
+        extend_context(model, EXTENDED)
+        after, _ = model(x)
+    assert model.cfg.max_seq_len == EXTENDED and model.rope.shape[0] == EXTENDED
+    torch.testing.assert_close(after[:, :ORIGINAL], before)  # the first positions are unchanged

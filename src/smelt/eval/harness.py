@@ -9,6 +9,8 @@ schema    one context per choice and a shared continuation (WinoGrande, WSC): th
 lastword  the continuation is the target word (LAMBADA): accuracy = every token of it is the greedy
           choice; perplexity = exp(-mean log-probability of it)
 generate  greedy decoding until a stop string; exact match of the regex-extracted answer
+passkey   generated pass-key retrieval at several lengths and depths (see passkey.py): the true key
+          against distractors by log-probability, per length and depth
 
 Prompt convention (eval.convention): "lm-eval" (the default) tokenizes requests as
 lm-evaluation-harness does for a Hugging Face model: the context's trailing whitespace moves to the
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from smelt.errors import UserError
+from smelt.eval.passkey import PasskeyPrepared, prepare_passkey, score_passkey
 from smelt.eval.tasks import LETTERS, Record, Task
 from smelt.progress import progress
 
@@ -53,6 +56,7 @@ class Prepared:
     max_new_tokens: list[int] = field(default_factory=list)
     skipped: int = 0
     convention: str = "lm-eval"
+    passkey: PasskeyPrepared | None = None  # the passkey formulation's own requests (passkey.py)
 
 
 def _fill(template: str, record: Record, task_name: str) -> str:
@@ -130,6 +134,9 @@ def prepare(
     max_len tokens is a UserError (or, with overlong = "skip", its item is dropped and counted)."""
     check_convention(convention)
     spec = task.spec
+    if spec.formulation == "passkey":
+        passkey = prepare_passkey(task.records, tokenizer, max_len, convention)
+        return Prepared(task, passkey.items, skipped=passkey.skipped, convention=convention, passkey=passkey)
     generate = spec.formulation == "generate"
     texts: list[tuple[int, str, str, int]] = []  # (item, context, continuation, rendered answer chars)
     golds: dict[int, Any] = {}
@@ -294,6 +301,8 @@ def score_prepared(
     details: bool = False,
 ) -> dict[str, Any]:
     """The metrics of one prepared task (and, with details, each item's scores and prediction)."""
+    if prep.passkey is not None:
+        return score_passkey(model, prep.passkey, device, details)
     spec = prep.task.spec
     n = len(prep.items)
     result: dict[str, Any] = {

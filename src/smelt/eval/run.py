@@ -153,7 +153,8 @@ class TaskCache:
     """Tasks read and tokenized once for all checkpoints of one evaluation."""
 
     def __init__(self, cfg: Config, tasks: list[str], limit: int, tokenizer: Any, max_len: int):
-        self.tasks_dir = resolve_tasks_dir(cfg.eval.tasks_dir) if tasks else None
+        from_files = [name for name in tasks if get_spec(name).reader != "synthetic"]
+        self.tasks_dir = resolve_tasks_dir(cfg.eval.tasks_dir) if from_files else None
         self.prepared: dict[str, Prepared] = {}
         for name in tasks:
             task = load_task(get_spec(name), self.tasks_dir, limit, cfg.eval.shots)
@@ -194,7 +195,7 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Evaluate one checkpoint; write out_dir/step_NNNNNNN.json and return it (plus wall time)."""
     from smelt.checkpoint.store import load_model, read_meta
-    from smelt.eval.heldout import heldout_bits_per_byte, samples, training_mixture
+    from smelt.eval.heldout import heldout_bits_per_byte, samples, trained_lengths
     from smelt.tokenizer.load import Tokenizer
 
     started = time.time()
@@ -216,7 +217,7 @@ def evaluate_checkpoint(
         cfg.eval.max_bytes,
         device=device,
         doc_masking=cfg.train.doc_masking,
-        weights=training_mixture(cfg, run_dir / "tokens"),
+        trained_at=trained_lengths(model.cfg, meta),
     )
     e = cfg.eval
     sampled = samples(model, tokenizer, e.prompts, e.max_new_tokens, e.temperature, e.top_k, cfg.run.seed)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.eval.passkey import PASSKEY_VERSION, passkey_records
 from smelt.jsonl import json_objects
 
 OLMES_UNCONDITIONAL = 1_000_000
@@ -194,6 +195,8 @@ READERS: dict[str, Callable[[Path], list[Record]]] = {
     "mmlu": read_mmlu,
     "gsm8k": read_gsm8k,
 }
+# Tasks made from a fixed seed instead of read from a file (reader "synthetic"): name -> records(limit).
+SYNTHETIC: dict[str, Callable[[int], list[Record]]] = {"passkey": passkey_records}
 
 # ---------------------------------------------------------------------------------------------
 # The registry
@@ -278,6 +281,13 @@ SPECS: dict[str, TaskSpec] = {
             extract=r"#### *(-?[0-9.,]+)",
             max_new_tokens=256,
         ),
+        TaskSpec(
+            "passkey",
+            "synthetic/passkey",
+            "synthetic",
+            "passkey",
+            note=f"generated, no file: pass key retrieval at 1/8 to all of the context ({PASSKEY_VERSION})",
+        ),
     )
 }
 
@@ -324,7 +334,7 @@ def get_spec(name: str) -> TaskSpec:
 
 def available_tasks(tasks_dir: Path) -> list[str]:
     """The registered tasks whose file exists under tasks_dir."""
-    return [name for name, spec in SPECS.items() if (tasks_dir / spec.path).exists()]
+    return [n for n, spec in SPECS.items() if spec.reader == "synthetic" or (tasks_dir / spec.path).exists()]
 
 
 @dataclass
@@ -351,7 +361,11 @@ class Task:
 def load_task(spec: TaskSpec, tasks_dir: Path, limit: int = 0, shots: int = -1) -> Task:
     """Read a task's file, draw its few-shot examples and its scored subset (both seeded, fixed).
 
-    shots = -1 keeps the spec's count. Raises UserError when the file is missing or malformed."""
+    shots = -1 keeps the spec's count. Raises UserError when the file is missing or malformed. A
+    synthetic task is generated (tasks_dir unused), `limit` items or its default count, never shots."""
+    if spec.reader == "synthetic":
+        records = SYNTHETIC[spec.name](limit)
+        return Task(spec, records, total=len(records))
     path = tasks_dir / spec.path
     if not path.exists():
         raise UserError(

@@ -20,6 +20,7 @@ computes the same logits; `hf_rope_fields` and `rope_from_hf` translate in both 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -117,6 +118,16 @@ def model_rope_table(cfg: ModelConfig, rot_dim: int) -> torch.Tensor:
     """The rope table of a model: cfg.max_seq_len positions under cfg's scaling."""
     inv_freq, scale = scaled_inv_freq(cfg, rot_dim)
     return rope_table(rot_dim, cfg.max_seq_len, cfg.rope_theta, inv_freq, scale)
+
+
+def extend_context(model: torch.nn.Module, max_seq_len: int) -> torch.nn.Module:
+    """Widen a Transformer's RoPE table to max_seq_len positions, in place, under its own scaling (no
+    new scaling): to measure how a model extrapolates past the length it was built for, e.g. passkey
+    accuracy before a context extension. Returns the model."""
+    model.cfg = dataclasses.replace(model.cfg, max_seq_len=max_seq_len)
+    rot_dim = 2 * model.rope.shape[-2]
+    model.rope = model_rope_table(model.cfg, rot_dim).to(model.rope.device)
+    return model
 
 
 def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
