@@ -5,10 +5,16 @@ Each source's validation stream (documents joined by EOS, as tokenized) is prefi
 every text token is predicted exactly once, from a context that starts at a document boundary; the EOS
 tokens after each document are scored too, which the model pays for with no bytes in return. The byte
 count comes from the documents themselves, and gzip and xz compress exactly those bytes.
+
+The headline over all sources weighs each source's loss by its share of training (`training_mixture`:
+tokens.mixture, or each source's share of the training tokens), so it is the loss on the data the
+run was trained to model, whatever the sizes of the validation splits; bits per byte over all sources
+is total bits over total bytes. The trainer's validation loss uses the same weights.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -26,6 +32,69 @@ from smelt.progress import progress
 
 # Edges of the context-position buckets of `loss by position`: how much a longer context helps.
 POSITION_EDGES = (0, 8, 32, 128, 512, 2048, 8192)
+
+
+def training_mixture(cfg: Config, tokens_dir: Path) -> dict[str, float]:
+    """Each training source's share of the run's training tokens, as the data plan sets it.
+
+    tokens.mixture (or tokens.epochs, or each stage's mixture weighted by the stage's share of
+    train.tokens); with none of these, each source's natural share of the training tokens. The plan is
+    laid out one sequence per step, so the weights do not depend on the world size or the batch: the
+    trainer and `smelt eval` get the same ones. Empty when there is no train split.
+    """
+    from smelt.tokens.mixture import build_plan
+    from smelt.tokens.shards import ShardSet, list_sources
+
+    tokens_dir = Path(tokens_dir)
+    if not (tokens_dir / "train").is_dir():
+        return {}
+    sizes = {
+        source: ShardSet(tokens_dir, "train", source, verify="none").total_tokens
+        for source in list_sources(tokens_dir, "train")
+    }
+    tc = cfg.train
+    steps = max(1, math.ceil(tc.tokens / tc.seq_len))
+    # allow_repeat: whether a source runs out is the trainer's check; here only the weights matter.
+    tokens_cfg = dataclasses.replace(cfg.tokens, allow_repeat=True)
+    plan = build_plan(tokens_cfg, sizes, tc.seq_len, 1, steps, cfg.run.seed, tc.tokens)
+    total = sum(stage.sequences for stage in plan.stages)
+    return {s: sum(st.weights[s] * st.sequences for st in plan.stages) / total for s in plan.sources}
+
+
+def weighted_loss(
+    losses: dict[str, float], tokens: dict[str, int], weights: dict[str, float]
+) -> tuple[float, str, dict[str, float]]:
+    """The headline loss over sources, how it was weighted, and the weights used (summing to 1).
+
+    "mixture": the training weights renormalized over the scored sources (those with tokens scored),
+    so a source without a validation split does not dilute the others. "tokens": by tokens scored, the
+    fallback when no scored source has a training weight (a validation-only source). A NaN loss of a
+    source with weight makes the headline NaN.
+    """
+    scored = sorted(s for s in losses if tokens.get(s, 0) > 0)
+    if not scored:
+        return float("nan"), "mixture", {}
+    mass = sum(weights.get(s, 0.0) for s in scored)
+    if mass > 0:
+        used, kind = {s: weights.get(s, 0.0) / mass for s in scored}, "mixture"
+    else:
+        total = sum(tokens[s] for s in scored)
+        used, kind = {s: tokens[s] / total for s in scored}, "tokens"
+    return sum(used[s] * losses[s] for s in scored if used[s] > 0), kind, used
+
+
+def token_shares(tokens_dir: Path) -> dict[str, float]:
+    """Each source's share of the train split's tokens: the weights when no config is at hand."""
+    from smelt.tokens.shards import ShardSet, list_sources
+
+    if not (Path(tokens_dir) / "train").is_dir():
+        return {}
+    sizes = {
+        s: ShardSet(tokens_dir, "train", s, verify="none").total_tokens
+        for s in list_sources(tokens_dir, "train")
+    }
+    total = sum(sizes.values())
+    return {s: n / total for s, n in sizes.items()} if total else {}
 
 
 def position_edges(seq_len: int, marks: tuple[int, ...] = ()) -> tuple[int, ...]:
@@ -119,10 +188,14 @@ def heldout_bits_per_byte(
     split: str = "val",
     device: torch.device | None = None,
     doc_masking: bool = False,
+    weights: dict[str, float] | None = None,
     trained_at: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Loss and bits-per-byte of the model, gzip and xz, per source and over all sources of `split`.
     `doc_masking`: score with attention kept within documents (as a model trained that way sees text).
+    `weights`: each source's training weight (`training_mixture`; None: its share of the train split's
+    tokens). The overall loss is the weighted mean of the per-source losses (`loss_weighting` and
+    `loss_weights` say how); the overall bits per byte is total bits over total bytes.
     `trained_at`: lengths the model was trained at (`trained_lengths`), each an edge of the loss by
     position when seq_len goes past it."""
     from smelt.tokens.shards import ShardSet
@@ -167,6 +240,11 @@ def heldout_bits_per_byte(
         tokens_total += count
     overall = _figures(
         nll_total, tokens_total, b"".join(all_bytes), sum(s["documents"] for s in per_source.values())
+    )
+    overall["loss"], overall["loss_weighting"], overall["loss_weights"] = weighted_loss(
+        {s: f["loss"] for s, f in per_source.items()},
+        {s: f["tokens"] for s, f in per_source.items()},
+        token_shares(tokens_dir) if weights is None else weights,
     )
     overall["loss_by_position"] = {
         name: {"loss": loss / count, "tokens": int(count)}

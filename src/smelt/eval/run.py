@@ -195,7 +195,7 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Evaluate one checkpoint; write out_dir/step_NNNNNNN.json and return it (plus wall time)."""
     from smelt.checkpoint.store import load_model, read_meta
-    from smelt.eval.heldout import heldout_bits_per_byte, samples, trained_lengths
+    from smelt.eval.heldout import heldout_bits_per_byte, samples, trained_lengths, training_mixture
     from smelt.tokenizer.load import Tokenizer
 
     started = time.time()
@@ -217,6 +217,7 @@ def evaluate_checkpoint(
         cfg.eval.max_bytes,
         device=device,
         doc_masking=cfg.train.doc_masking,
+        weights=training_mixture(cfg, run_dir / "tokens"),
         trained_at=trained_lengths(model.cfg, meta),
     )
     e = cfg.eval
