@@ -171,7 +171,9 @@ def global_grad_norm(params: Iterable[nn.Parameter], sharded: bool) -> torch.Ten
     grads = [_local(p.grad) for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
-    squares = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+    # vector_norm reduces each tensor in one pass for any thread count; a sum over more than 32,768
+    # elements is split into per-thread partial sums, which made the clip depend on train.threads.
+    squares = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads]).pow(2).sum()
     if sharded:
         all_reduce_sum(squares)
     return squares.sqrt()
