@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import write_token_data
 from smelt.checkpoint import latest_checkpoint, load_model
 from smelt.config import config_from_dict
 from smelt.train.trainer import train
 
 from .test_distributed import run_two_processes
-from .test_trainer import data, read_metrics  # noqa: F401 - the data fixture
+from .test_trainer import read_metrics
 
 STEPS = 12
 D_MODEL = 128
@@ -74,13 +75,27 @@ def assert_same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert not different, different
 
 
-@pytest.fixture(autouse=True)
-def fixed_peak(monkeypatch):
-    monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
+@pytest.fixture(autouse=True, scope="module")
+def fixed_peak():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SMELT_PEAK_FLOPS", "1e12")
+        yield
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> tuple[Path, Path]:
+    return write_token_data(tmp_path_factory.mktemp("tokens"))
+
+
+@pytest.fixture(scope="module")
+def single_process(data, tmp_path_factory) -> tuple[Path, list[dict]]:
+    """One process accumulating two micro-batches a step: what two processes are compared with."""
+    out = tmp_path_factory.mktemp("single") / "run"
+    return out, run_one(*data, out)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_same_run_twice_gives_the_same_bits(data, tmp_path, precision):  # noqa: F811
+def test_the_same_run_twice_gives_the_same_bits(data, tmp_path, precision):
     tokens, tokenizer = data
     first = computed(run_one(tokens, tokenizer, tmp_path / "a", precision=precision, threads=2))
     second = computed(run_one(tokens, tokenizer, tmp_path / "b", precision=precision, threads=2))
@@ -107,7 +122,7 @@ def test_the_same_run_twice_gives_the_same_bits(data, tmp_path, precision):  # n
     assert_same_tensors(final_weights(tmp_path / "a"), final_weights(tmp_path / "b"))
 
 
-def test_another_thread_count_gives_the_same_bits(data, tmp_path):  # noqa: F811
+def test_another_thread_count_gives_the_same_bits(data, tmp_path):
     tokens, tokenizer = data
     one = computed(run_one(tokens, tokenizer, tmp_path / "t1", threads=1, d_model=THREADS_D_MODEL))
     two = computed(run_one(tokens, tokenizer, tmp_path / "t2", threads=2, d_model=THREADS_D_MODEL))
@@ -116,19 +131,19 @@ def test_another_thread_count_gives_the_same_bits(data, tmp_path):  # noqa: F811
     assert_same_tensors(final_weights(tmp_path / "t1"), final_weights(tmp_path / "t2"))
 
 
-def test_two_ddp_processes_give_the_same_bits_as_one(data, tmp_path):  # noqa: F811
+def test_two_ddp_processes_give_the_same_bits_as_one(data, single_process, tmp_path):
     tokens, tokenizer = data
-    single = run_one(tokens, tokenizer, tmp_path / "one")
+    one, single = single_process
     lines = run_two_processes(raw_config(parallel="ddp"), tokens, tokenizer, tmp_path / "two")
     start = next(r for r in lines if r.get("event") == "start")
     assert start["world_size"] == 2 and start["grad_accum"] == 1  # one process accumulates 2 micro-batches
     assert computed(single) == computed(lines)
-    assert_same_tensors(final_weights(tmp_path / "one"), final_weights(tmp_path / "two"))
+    assert_same_tensors(final_weights(one), final_weights(tmp_path / "two"))
 
 
-def test_two_fsdp_processes_match_one_within_the_stated_tolerance(data, tmp_path):  # noqa: F811
+def test_two_fsdp_processes_match_one_within_the_stated_tolerance(data, single_process, tmp_path):
     tokens, tokenizer = data
-    single, _ = computed(run_one(tokens, tokenizer, tmp_path / "one"))
+    single, _ = computed(single_process[1])
     sharded, _ = computed(run_two_processes(raw_config(parallel="fsdp"), tokens, tokenizer, tmp_path / "two"))
     assert [r["step"] for r in sharded] == [r["step"] for r in single]
     differences = [abs(a["loss"] - b["loss"]) for a, b in zip(single, sharded, strict=True)]
