@@ -170,3 +170,14 @@ def test_trainer_logs_the_weighted_headline_and_skips_evaluations_over_budget(tw
     assert end["evals"] == 1 and end["evals_skipped"] == 3
     assert summary["final_val_loss"] == final["val_loss"] and summary["evals_skipped"] == 3
     assert summary["val_loss_weighting"] == "mixture" and summary["val_loss_by_source"] == by_source
+
+
+def test_notes_are_printed_above_the_progress_bars(monkeypatch, capsys):
+    from smelt.train.evaluation import say
+
+    monkeypatch.setenv("SMELT_QUIET", "0")
+    say("validation: 1 evaluation(s)")
+    assert capsys.readouterr().err == "validation: 1 evaluation(s)\n"
+    monkeypatch.setenv("SMELT_QUIET", "1")
+    say("hidden")
+    assert capsys.readouterr().err == ""

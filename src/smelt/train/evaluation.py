@@ -17,6 +17,7 @@ pass is about a third of the work of a training step). The final evaluation alwa
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -26,9 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from smelt.eval.heldout import weighted_loss
-from smelt.progress import progress
+from smelt.progress import progress, speaks
 from smelt.train.monitors import evaluate
 from smelt.train.precision import Precision
 
@@ -209,6 +211,13 @@ class Validation:
             tokens=sum(counts.values()),
             seconds=time.perf_counter() - started,
         )
+
+
+def say(message: str) -> None:
+    """A status line for the terminal printed above the progress bars (a plain print while the training
+    bar is drawn would land on the bar's own line)."""
+    if speaks():
+        tqdm.write(message, file=sys.stderr)
 
 
 def budget_note(budget: EvalBudget, train_s: float) -> str:

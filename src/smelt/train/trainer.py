@@ -58,7 +58,7 @@ from smelt.train.distributed import (
     shutdown,
     wrap_model,
 )
-from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, skip_note
+from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
 from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
@@ -289,7 +289,7 @@ def _train(
             if not rank0_decides(eval_budget.allows(predicted, train_s), device):
                 eval_budget.skipped += 1
                 if eval_budget.skipped == 1 and ctx.is_main:
-                    log(skip_note(step, predicted, eval_budget, train_s))
+                    say(skip_note(step, predicted, eval_budget, train_s))
                 metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "eval_skipped",
                                "predicted_s": round(predicted, 3), "eval_s": round(eval_budget.eval_s, 3),
                                "train_s": round(train_s, 3), "eval_budget": tc.eval_budget})  # fmt: skip
@@ -300,8 +300,6 @@ def _train(
         val_record.update(result.fields())
         metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, **result.fields(),
                        "eval_share": eval_budget.share_of(train_s)})  # fmt: skip
-        if ctx.is_main:
-            bar.set_postfix(val=f"{result.loss:.3f}", refresh=False)
         return result.loss
 
     def checkpoint(step: int) -> None:
@@ -489,7 +487,8 @@ def _train(
                 })  # fmt: skip
                 window_source_sums.zero_()
                 if window_losses:
-                    bar.set_postfix(loss=f"{last_log_loss:.3f}", tok_s=f"{tps:,.0f}", refresh=False)
+                    shown = {"val": f"{val_record['val_loss']:.3f}"} if val_record else {}
+                    bar.set_postfix(loss=f"{last_log_loss:.3f}", **shown, tok_s=f"{tps:,.0f}", refresh=False)
                 window_losses, window_time, window_wait, window_tokens = [], 0.0, 0.0, 0
                 window_clipped = window_skipped = window_steps = 0
             if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
@@ -505,7 +504,7 @@ def _train(
             watchdog.beat(step)
         last_val = run_eval(plan.steps, train_time, final=True)
         if ctx.is_main and validation is not None:
-            log(budget_note(eval_budget, train_time))
+            say(budget_note(eval_budget, train_time))
         checkpoint(plan.steps)
         for event in checkpointer.close():
             metrics.write(event)
