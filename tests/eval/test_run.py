@@ -13,7 +13,7 @@ from smelt.cli import main
 from smelt.errors import UserError
 from smelt.eval.inloop import InLoopEval
 from smelt.eval.run import evaluate_checkpoints, task_set_version
-from smelt.manifest import write_json
+from smelt.manifest import hash_file, write_json
 
 
 @pytest.fixture
@@ -106,6 +106,8 @@ def test_bad_checkpoint_and_task_arguments(run):
     meta_path = root / "train" / "checkpoints" / "step_0000001" / "meta.json"
     meta = json.loads(meta_path.read_text())
     write_json(meta_path, {**meta, "model_config": {**meta["model_config"], "max_seq_len": 16}})
+    # meta.json is checksummed by the commit marker: re-stamp it, as a checkpoint saved this way would be.
+    write_json(meta_path.parent / "COMMITTED", {"step": 1, "meta_sha256": hash_file(meta_path)})
     with pytest.raises(UserError, match="context is 16"):
         evaluate_checkpoints(cfg, root, "1", tasks=["lambada"])
     cfg.eval.overlong, cfg.train.seq_len = "skip", 16
