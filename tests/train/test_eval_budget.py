@@ -88,6 +88,29 @@ def test_budget_allows_an_evaluation_only_within_its_share_of_training_time():
     assert budget.allows(predicted_s=1.0, train_s=20.0)
 
 
+def test_budget_reserves_the_final_evaluation_in_proportion_to_the_training_done():
+    budget = EvalBudget(0.1)
+    assert budget.allows(predicted_s=1.0, train_s=20.0, done=0.0)
+    assert budget.allows(predicted_s=1.0, train_s=20.0, done=1.0)  # 1 s + 1 s reserved of 2 s allowed
+    assert not budget.allows(predicted_s=1.0, train_s=15.0, done=1.0)
+    assert budget.allows(predicted_s=1.0, train_s=15.0, done=0.5)
+
+
+def test_with_the_final_evaluation_the_share_holds_at_the_end_of_the_run():
+    """30 intervals of 10 s of training, evaluations of 3 s, then the final one (always run)."""
+    budget = EvalBudget(0.1)
+    train_s, ran = 0.0, []
+    for interval in range(1, 30):
+        train_s += 10.0
+        if budget.allows(3.0, train_s, done=interval / 30):
+            budget.record(seconds=3.0, tokens=1_000)
+            ran.append(interval)
+    train_s += 10.0
+    budget.record(seconds=3.0, tokens=1_000)  # the final evaluation
+    assert ran == [4, 7, 10, 14, 17, 20, 24, 27]  # spread over the run, not bunched at its start
+    assert budget.eval_s == 27.0 and budget.eval_s <= 0.1 * train_s
+
+
 def test_budget_spaces_evaluations_and_keeps_their_share_of_training_time():
     """Periodic evaluations costing 3 s after every 10 s of training, under a 10% budget: a third run.
     The first waits until its guess from the training rate (3.3 s) fits; later ones use the measured 3 s."""
@@ -109,7 +132,8 @@ def test_budget_spaces_evaluations_and_keeps_their_share_of_training_time():
 def test_budget_messages_name_the_key():
     budget = EvalBudget(0.1, eval_s=2.0, runs=2, skipped=3)
     line = skip_note(500, predicted_s=3.0, budget=budget, train_s=20.0)
-    assert "step 500 skipped" in line and "25%" in line and "train.eval_budget = 0.1" in line
+    assert line.startswith("validation at step 500 skipped: about 3.0 s more (after 2.0 s so far")
+    assert "train.eval_budget = 0.1 of the 20 s trained" in line
     assert budget_note(budget, 40.0) == (
         "validation: 2 evaluation(s) in 2.0 s, 5.0% of the training time; train.eval_budget = 0.1, "
         "3 skipped to stay within it"

@@ -9,14 +9,15 @@ The budget (train.eval_budget, a share of the training time) spaces periodic eva
 of shrinking them: every evaluation scores the same tokens, so the points of the validation curve
 compare like with like, and the final figure does not depend on how busy the machine was. A periodic
 evaluation runs when the evaluation time so far plus its predicted cost stays within the budget's
-share of the training time so far; otherwise it is skipped and says so. The cost is predicted from
-the measured rate of the evaluations before it; before the first, from the training rate (a forward
-pass is about a third of the work of a training step). The final evaluation always runs.
+share of the training time so far; otherwise it is skipped and says so. The final evaluation always
+runs, so its cost is reserved as the run goes (in proportion to the training done): the share holds
+at the end too, unless the final evaluation alone is over it. The cost is predicted from the measured
+rate of the evaluations before it; before the first, from the training rate (a forward pass is about
+a third of the work of a training step).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -61,8 +62,13 @@ class EvalBudget:
             return tokens / (FORWARD_SPEEDUP * train_tokens_per_s)
         return 0.0
 
-    def allows(self, predicted_s: float, train_s: float) -> bool:
-        return self.share <= 0 or self.eval_s + predicted_s <= self.share * train_s
+    def allows(self, predicted_s: float, train_s: float, done: float = 0.0) -> bool:
+        """Whether an evaluation predicted to take `predicted_s` fits, `done` (0-1) of the run's training
+        steps in. The final evaluation (the same tokens, so the same predicted cost) always runs; its
+        cost is reserved in proportion to the training done, so that with it the share still holds at
+        the end of the run."""
+        reserve = predicted_s * min(max(done, 0.0), 1.0)
+        return self.share <= 0 or self.eval_s + predicted_s + reserve <= self.share * train_s
 
     def record(self, seconds: float, tokens: int) -> None:
         self.eval_s += seconds
@@ -233,10 +239,9 @@ def budget_note(budget: EvalBudget, train_s: float) -> str:
 
 def skip_note(step: int, predicted_s: float, budget: EvalBudget, train_s: float) -> str:
     """Why the evaluation at `step` did not run (printed once, then recorded as events)."""
-    after = (budget.eval_s + predicted_s) / train_s if train_s > 0 else math.inf
     return (
-        f"validation at step {step} skipped: about {predicted_s:.1f} s more would bring evaluation to "
-        f"{100 * after:.0f}% of the training time (train.eval_budget = {budget.share:g}); later evaluations "
-        f"run as the budget allows (raise train.eval_budget, lower train.eval_tokens, or set "
-        f"train.eval_budget = 0 to run every one)."
+        f"validation at step {step} skipped: about {predicted_s:.1f} s more (after {budget.eval_s:.1f} s so far, "
+        f"and the final validation's share reserved) would exceed train.eval_budget = {budget.share:g} of "
+        f"the {train_s:.0f} s trained; later evaluations run as the budget allows (raise train.eval_budget, "
+        f"lower train.eval_tokens, or set train.eval_budget = 0 to run every one)."
     )

@@ -286,7 +286,8 @@ def _train(
         if not final:  # the final evaluation always runs: it is the run's headline
             rate = (tokens_now - plan.tokens_at(start_step)) / train_s if train_s > 0 else 0.0
             predicted = eval_budget.predict_s(validation.tokens, rate)
-            if not rank0_decides(eval_budget.allows(predicted, train_s), device):
+            done = (step - start_step) / max(plan.steps - start_step, 1)
+            if not rank0_decides(eval_budget.allows(predicted, train_s, done), device):
                 eval_budget.skipped += 1
                 if eval_budget.skipped == 1 and ctx.is_main:
                     say(skip_note(step, predicted, eval_budget, train_s))
