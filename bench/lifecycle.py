@@ -94,6 +94,7 @@ def context_figures(run: Path, checkpoint: Path, extended: bool, seq_len: int = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default=str(REPO / "runs" / "bench-lifecycle"), help="where the runs go")
+    parser.add_argument("--skip-context", action="store_true", help="only the stable run and the anneals")
     args = parser.parse_args()
     os.environ.setdefault("SMELT_SHARED_DATA", str(shared_data("corpus/prose", "corpus/code")))
     runs = Path(args.runs)
@@ -103,7 +104,9 @@ def main() -> None:
 
     smelt("run", *base)
     variant_args = [arg for v in VARIANTS for arg in ("--variant", *v)]
-    smelt("anneal", *base, "--from", f"{stable}:{FORK_STEP}", "--decay-tokens", str(DECAY_TOKENS), *variant_args)
+    smelt(
+        "anneal", *base, "--from", f"{stable}:{FORK_STEP}", "--decay-tokens", str(DECAY_TOKENS), *variant_args
+    )
     comparison = json.loads((stable / "anneals" / f"anneal-step_{FORK_STEP:07d}.json").read_text())
 
     from smelt.config import load_config
@@ -129,6 +132,11 @@ def main() -> None:
         for source, value in sorted(row["bits_per_byte_by_source"].items()):
             figures[f"anneal_{name}_bpb_{source}"] = round(value, 4)
 
+    figures["wall_time_s"] = round(time.time() - started, 1)
+    if args.skip_context:
+        figures["context_extension"] = "not run (--skip-context)"
+        write_result("lifecycle", figures)
+        return
     smelt("train", *base, *sets(*CONTEXT, "run.name='lifecycle-ctx1024'"), "--from", f"{stable}:{STABLE_END}")
     extended = runs / "lifecycle-ctx1024"
     from smelt.checkpoint.store import latest_checkpoint
