@@ -38,6 +38,7 @@ CONFIG_COMMANDS = [
      "train/checkpoints/step_NNNNNNN/."),
 ]  # fmt: skip
 QUICKSTART_CONFIG = Path(__file__).resolve().parent / "configs" / "quickstart.toml"
+RANK_0_GRACE_S = 10.0  # how long other ranks wait for rank 0 to report bad input (see _wait_for_rank_0)
 
 
 def _add_config_args(
@@ -366,11 +367,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # other ranks' stdout would only repeat them (with their own timings), so it goes nowhere, and so
     # do their copies of a usage error.
     with _unless_rank_0(rank, contextlib.redirect_stdout):
-        with _unless_rank_0(rank, contextlib.redirect_stderr):
-            if argv[:2] == ["curate", "quality-train"]:  # a verb under `curate` that takes its own config
-                args = _quality_train_parser().parse_args(argv[2:])
-            else:
-                args = build_parser().parse_args(argv)
+        try:
+            with _unless_rank_0(rank, contextlib.redirect_stderr):
+                if argv[:2] == ["curate", "quality-train"]:  # a verb under `curate` that takes its own config
+                    args = _quality_train_parser().parse_args(argv[2:])
+                else:
+                    args = build_parser().parse_args(argv)
+        except SystemExit as exc:
+            if rank and exc.code not in (0, None):  # a usage error: rank 0 says it
+                _wait_for_rank_0()
+            raise
         try:
             _one_process_unless_train(args)
             return _dispatch(args)
@@ -378,6 +384,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if _reports_bad_input(rank):
                 tag = f"[rank {rank}] " if rank else ""
                 print(f"smelt: {tag}error: {exc}", file=sys.stderr)
+            else:
+                _wait_for_rank_0()
+                # Still running: rank 0 did not stop on this input, so this rank found a problem of its own.
+                print(f"smelt: [rank {rank}] error: {exc}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
             if rank == 0:
@@ -392,6 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 text = "\n".join(f"[rank {rank}] {line}" for line in text.splitlines())
             print(text, file=sys.stderr)
             return 1
+
+
+def _wait_for_rank_0() -> None:
+    """Give rank 0 time to report the bad input every rank found. torchrun stops all ranks as soon as
+    one exits, so a rank that exited at once could stop rank 0 before it has said anything; once rank 0
+    has exited, torchrun ends this one."""
+    time.sleep(RANK_0_GRACE_S)
 
 
 @contextlib.contextmanager

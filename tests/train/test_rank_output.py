@@ -73,15 +73,45 @@ def bad_config(tmp_path) -> str:
     return str(path)
 
 
-def test_bad_input_is_reported_by_rank_0_and_not_repeated_by_its_node(rank, tmp_path, capsys):
+class StoppedByTorchrun(Exception):
+    """What torchrun does to the other ranks once rank 0 has exited: ends them."""
+
+
+@pytest.fixture
+def torchrun_stops_waiting_ranks(monkeypatch):
+    waits = []
+
+    def stopped() -> None:
+        waits.append(1)
+        raise StoppedByTorchrun
+
+    monkeypatch.setattr("smelt.cli._wait_for_rank_0", stopped)
+    return waits
+
+
+def test_bad_input_is_reported_by_rank_0_and_not_repeated_by_its_node(
+    rank, tmp_path, capsys, torchrun_stops_waiting_ranks
+):
     rank(0)
     assert main(["train", bad_config(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("smelt: error: ") and "unknown key train.lr_typo" in err
+    assert torchrun_stops_waiting_ranks == []  # rank 0 reports and exits at once
     for other in (1, 7, 9):  # rank 0's node, and a second process of another node
         rank(other)
-        assert main(["train", bad_config(tmp_path)]) == 2
+        with pytest.raises(StoppedByTorchrun):  # they wait for rank 0 to report, silently
+            main(["train", bad_config(tmp_path)])
         assert capsys.readouterr().err == ""
+    assert len(torchrun_stops_waiting_ranks) == 3
+
+
+def test_a_rank_whose_bad_input_rank_0_lacks_reports_it_after_waiting(rank, tmp_path, monkeypatch, capsys):
+    # Rank 0 did not stop (the file is there on its side): after the grace period rank 3 says what it found.
+    monkeypatch.setattr("smelt.cli.RANK_0_GRACE_S", 0.0)
+    rank(3)
+    assert main(["train", bad_config(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("smelt: [rank 3] error: ") and "unknown key train.lr_typo" in err
 
 
 def test_bad_input_is_reported_once_by_every_other_node(rank, tmp_path, capsys):
@@ -92,13 +122,13 @@ def test_bad_input_is_reported_once_by_every_other_node(rank, tmp_path, capsys):
     assert err.startswith("smelt: [rank 8] error: ") and "unknown key train.lr_typo" in err
 
 
-def test_usage_errors_and_help_print_on_rank_0_only(rank, capsys):
+def test_usage_errors_and_help_print_on_rank_0_only(rank, capsys, torchrun_stops_waiting_ranks):
     rank(1)
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(StoppedByTorchrun):
         main(["no-such-command"])
-    assert info.value.code == 2
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as info:
         main(["train", "--help"])
+    assert info.value.code == 0 and len(torchrun_stops_waiting_ranks) == 1
     assert capsys.readouterr() == ("", "")
     rank(0)
     with pytest.raises(SystemExit):
@@ -191,6 +221,27 @@ def write_pipeline(tmp_path: Path) -> Path:
     return config
 
 
+def torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    launcher = Path(sys.executable).with_name("torchrun")
+    return subprocess.run(
+        [str(launcher), "--standalone", "--nproc-per-node", "2", *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1", "SMELT_QUIET": "0", **(env or {})},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_bad_input_under_torchrun_is_reported_once_before_torchrun_stops_the_ranks(tmp_path):
+    # Rank 1 finds the problem as fast as rank 0; if it exited at once, torchrun would stop rank 0
+    # before rank 0 had printed anything.
+    config = tmp_path / "pipeline.toml"
+    config.write_text(f"[run]\ndir = '{tmp_path}'\n")
+    done = torchrun("-m", "smelt.cli", "tokenize", str(config))
+    assert done.returncode != 0
+    output = done.stdout + done.stderr
+    assert output.count("smelt: error: `smelt tokenize` runs in one process") == 1, output[-3000:]
+    assert "[rank 1]" not in output
+
+
 def rank_logs(log_dir: Path, rank: int) -> tuple[str, str]:
     """(stdout, stderr) of one rank, from torchrun's --log-dir with --redirects 3."""
     (folder,) = log_dir.glob(f"*/attempt_0/{rank}")
@@ -201,14 +252,9 @@ def test_two_ranks_print_once_and_share_rank_0s_peak(tmp_path, monkeypatch):
     config = write_pipeline(tmp_path)
     for words in (["curate"], ["tokenizer", "train"], ["tokenize"]):
         assert main([*words, str(config)]) == 0
-    torchrun = Path(sys.executable).with_name("torchrun")
-    env = {k: v for k, v in os.environ.items() if k != "SMELT_PEAK_FLOPS"}
-    env.update(OMP_NUM_THREADS="1", SMELT_QUIET="0", RANK_OUTPUT_DIR=str(tmp_path))
-    done = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
-         "--redirects", "3", __file__, "train", str(config)],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    monkeypatch.delenv("SMELT_PEAK_FLOPS", raising=False)  # so that the peak is measured
+    done = torchrun("--log-dir", str(tmp_path / "logs"), "--redirects", "3", __file__, "train", str(config),
+                    env={"RANK_OUTPUT_DIR": str(tmp_path)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
 
     out0, err0 = rank_logs(tmp_path / "logs", 0)
