@@ -176,3 +176,31 @@ def test_eval_force_rescores_a_checkpoint_that_has_a_current_step_file(monkeypat
     path = write_config(tmp_path, "[run]\ndir = 'RUNS'\n")
     assert main(["eval", str(path), "--checkpoint", "all", "--force"]) == 0
     assert seen == {"which": "all", "force": True}
+
+
+EXAMPLE_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLE_CONFIGS, ids=[p.name for p in EXAMPLE_CONFIGS])
+def test_example_configs_load(path):
+    from smelt.config import load_config
+
+    cfg = load_config(path)
+    sources = {source.name for source in cfg.data.sources}
+    assert set(cfg.tokens.mixture) <= sources  # a mixture names only sources the config curates
+
+
+def test_mixture_example_is_prose_and_code_70_30():
+    from smelt.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "mixture.toml")
+    assert [s.name for s in cfg.data.sources] == ["prose", "code"]
+    assert cfg.tokens.mixture == {"prose": 0.7, "code": 0.3}
+
+
+def test_mixture_example_reads_the_shared_corpus_from_smelt_shared_data(monkeypatch):
+    from smelt.config import load_config
+
+    monkeypatch.setenv("SMELT_SHARED_DATA", "/data/shared")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "mixture.toml")
+    assert [s.root for s in cfg.data.sources] == ["/data/shared/corpus/prose", "/data/shared/corpus/code"]
