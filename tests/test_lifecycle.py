@@ -123,6 +123,7 @@ def test_plan_change_stops_restart_moves_aside_and_fork_starts_from_parent_weigh
     assert main(["train", *fork_args, "--from", f"{run}:10"]) == 0
     fork = root / "fork"
     assert (fork / "tokenizer").is_symlink() and (fork / "tokens").is_symlink()
+    assert json.loads((fork / "config.json").read_text())["train"]["init_from"] == f"{run}:10"
     parent_weights = _weights(run / "train" / "checkpoints" / "step_0000010")
     fork_weights = _weights(list_checkpoints(fork / "train" / "checkpoints")[-1])
     assert all(torch.equal(parent_weights[k], fork_weights[k]) for k in parent_weights)

@@ -542,6 +542,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     outcome = run_stage(
         cfg, stage, force=args.force, restart=getattr(args, "restart", False), check_upstream=True
     )
+    if stage == "train" and launch_rank() == 0:  # `smelt eval RUN` and reports read the run's config
+        from smelt.manifest import write_json
+
+        write_json(cfg.run_dir / "config.json", cfg.to_dict())
     if stage == "curate":
         from smelt.data.stats import retention_table
 
