@@ -167,6 +167,41 @@ def test_from_main_is_the_value_itself_in_one_process():
     assert from_main(alone, torch.device("cpu"), lambda: None) is None
 
 
+ASYNC_SAVE = """
+import sys, warnings
+import torch
+from helpers import VOCAB, build_model, tiny_model_config
+from smelt.checkpoint.saver import Checkpointer
+
+shown = []
+warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))
+model = build_model(tiny_model_config())
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x = torch.randint(0, VOCAB, (2, 16))
+model(x, x)[1].backward()
+optimizer.step()
+saver = Checkpointer(sys.argv[1], keep_last=2, async_save=True)
+saver.save(1, model, optimizer, {"model_config": tiny_model_config(), "vocab_size": VOCAB, "tokens": 1},
+           {"rng": {}}, batch_tokens=1)
+saver.close()
+print(shown)
+"""
+
+
+def test_a_single_process_async_save_warns_nothing(tmp_path):
+    # DCP's "assuming the intent is to save in a single process" came on every save, from DCP's own
+    # thread. A fresh interpreter, since pytest resets warning filters around each test.
+    tests = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", ASYNC_SAVE, str(tmp_path / "ckpt")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")])},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]" and "single process" not in done.stderr
+    assert (tmp_path / "ckpt" / "step_0000001" / "COMMITTED").is_file()
+
+
 # --- two processes under torchrun (gloo) ----------------------------------------------------------
 
 
