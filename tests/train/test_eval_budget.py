@@ -10,6 +10,7 @@ from helpers import write_split
 from smelt.config import ModelConfig
 from smelt.eval.heldout import training_mixture
 from smelt.model.transformer import Transformer
+from smelt.report.run import final_metrics, load_run
 from smelt.train.evaluation import (
     FORWARD_SPEEDUP,
     EvalBudget,
@@ -194,6 +195,10 @@ def test_trainer_logs_the_weighted_headline_and_skips_evaluations_over_budget(tw
     assert end["evals"] == 1 and end["evals_skipped"] == 3
     assert summary["final_val_loss"] == final["val_loss"] and summary["evals_skipped"] == 3
     assert summary["val_loss_weighting"] == "mixture" and summary["val_loss_by_source"] == by_source
+    # The report's headline is the same figure, read back from metrics.jsonl.
+    report = final_metrics(load_run(tmp_path / "run"))
+    assert report["final_val_loss"] == summary["final_val_loss"]
+    assert report["val_loss/other"] == by_source["other"] and report["val_loss/synth"] == by_source["synth"]
 
 
 def test_notes_are_printed_above_the_progress_bars(monkeypatch, capsys):
