@@ -100,7 +100,14 @@ def test_quickstart_tiny_end_to_end_caching_and_determinism(tmp_path, capsys):
     assert all(s["skipped"] for s in again["stages"].values())
     assert again["final_val_loss"] == summary["final_val_loss"]
 
-    changed = quickstart(first_dir, "tokenizer.vocab_size=640")
+    # A tokenizer change would retrain over committed checkpoints: it stops (exit 2) before any stage
+    # runs; --restart reruns the chain from the tokenizer on and keeps the old train/ aside.
+    vocab = ["--set", "tokenizer.vocab_size=640"]
+    assert main(["quickstart", "--run-dir", str(first_dir), *overrides, *vocab]) == 2
+    assert read_manifest(run / "tokenizer")["outputs"] == first_outputs["tokenizer"]
+    assert main(["run", str(QUICKSTART_CONFIG), *config, *vocab, "--restart"]) == 0
+    assert [p.name.split("-")[0] for p in (run / "superseded").iterdir()] == ["train"]
+    changed = json.loads((run / "summary.json").read_text())
     skipped = {name: s["skipped"] for name, s in changed["stages"].items()}
     assert skipped == {"curate": True, "tokenizer": False, "tokenize": False, "train": False, "eval": False}
     assert changed["vocab_size"] == 640

@@ -213,8 +213,11 @@ def _outputs_intact(directory: Path, manifest: dict[str, Any]) -> bool:
 def _differences(recorded: dict[str, Any] | None, spec: Stage) -> list[str] | None:
     """Changed trajectory keys and inputs against a manifest or attempt record; None when the record
     cannot say (none, or written before configs were recorded)."""
-    if not recorded or "config" not in recorded:
+    if not recorded:
         return None
+    if "config" not in recorded:  # an attempt recorded by hash only: equal hashes and inputs say enough
+        same = recorded.get("config_hash") == spec.config_hash and recorded.get("inputs") == spec.inputs
+        return [] if same else None
     changes = changed_keys(recorded["config"], spec.config)
     changes += [f"input {name} changed" for name in changed_inputs(recorded.get("inputs", {}), spec.inputs)]
     return changes
@@ -391,7 +394,7 @@ def _run_stage_locked(
             )
     if parent is not None and stage not in LINKABLE_STAGES:
         _link_from_parent(cfg, parent, rank)
-    found = assess(cfg, stage, force or restart, parent)
+    found = assess(cfg, stage, force, parent)  # --restart replaces changed work; it never reruns the rest
     spec = found.spec
     if found.action == "skip":
         manifest = spec.read_manifest() or {}
