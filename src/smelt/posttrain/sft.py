@@ -1,0 +1,183 @@
+"""Supervised fine-tuning on conversations: loss on assistant tokens only, packed rows with
+per-example attention masks and positions, its own schedule, validation loss on held-out items.
+
+Packing: each conversation is one document of a row (its own doc id, RoPE positions from 0), so it
+never attends to its neighbours; a target is trained only when the token it predicts is an assistant
+token of the same conversation. Conversations longer than the sequence length are cut at its end.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from smelt.model.transformer import IGNORE_INDEX, position_ids_from_doc_ids
+from smelt.posttrain.config import PostTrainConfig
+from smelt.posttrain.data import read_items, split_heldout
+from smelt.posttrain.stage import (
+    Stage,
+    finish,
+    log_record,
+    make_optimizer,
+    make_schedule,
+    open_stage,
+    optimizer_step,
+    start_event,
+    timed,
+)
+from smelt.posttrain.template import ChatFormat, Encoded
+from smelt.progress import log, progress
+
+
+@dataclass
+class Packed:
+    """Rows [R, T]: inputs, targets (-100 where untrained), document ids and positions."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    doc_ids: torch.Tensor
+    position_ids: torch.Tensor
+    truncated: int  # conversations cut at the sequence length
+
+    def rows(self, index: list[int], device: torch.device) -> tuple[torch.Tensor, ...]:
+        at = torch.tensor(index, dtype=torch.long)
+        return tuple(t[at].to(device) for t in (self.inputs, self.targets, self.doc_ids, self.position_ids))
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+
+def example_targets(encoded: Encoded) -> tuple[list[int], list[int]]:
+    """(inputs, targets) of one conversation: position t predicts ids[t + 1], trained when it is masked."""
+    ids, mask = encoded.ids, encoded.mask
+    targets = [ids[t + 1] if mask[t + 1] else IGNORE_INDEX for t in range(len(ids) - 1)]
+    return ids[:-1], targets
+
+
+def pack(examples: list[Encoded], seq_len: int, pad_id: int) -> Packed:
+    """First-fit packing of conversations (in the given order) into rows of seq_len tokens."""
+    pieces, truncated = [], 0
+    for encoded in examples:
+        inputs, targets = example_targets(encoded)
+        if len(inputs) > seq_len:
+            inputs, targets, truncated = inputs[:seq_len], targets[:seq_len], truncated + 1
+        if any(t != IGNORE_INDEX for t in targets):
+            pieces.append((inputs, targets))
+    rows: list[list[tuple[list[int], list[int]]]] = []
+    free: list[int] = []
+    for piece in pieces:
+        slot = next((i for i, room in enumerate(free) if room >= len(piece[0])), None)
+        if slot is None:
+            rows.append([])
+            free.append(seq_len)
+            slot = len(rows) - 1
+        rows[slot].append(piece)
+        free[slot] -= len(piece[0])
+    R = max(1, len(rows))
+    inputs = torch.full((R, seq_len), pad_id, dtype=torch.long)
+    targets = torch.full((R, seq_len), IGNORE_INDEX, dtype=torch.long)
+    doc_ids = torch.zeros((R, seq_len), dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for d, (ids, tgt) in enumerate(row, 1):
+            inputs[r, at : at + len(ids)] = torch.tensor(ids)
+            targets[r, at : at + len(ids)] = torch.tensor(tgt)
+            doc_ids[r, at : at + len(ids)] = d
+            at += len(ids)
+        doc_ids[r, at:] = len(row) + 1  # padding is a document of its own
+    return Packed(inputs, targets, doc_ids, position_ids_from_doc_ids(doc_ids), truncated)
+
+
+def encode_items(chat: ChatFormat, items: list[dict[str, Any]]) -> list[Encoded]:
+    return [chat.encode(item["messages"]) for item in items]
+
+
+def masked_loss(model: torch.nn.Module, batch: tuple[torch.Tensor, ...], reduction: str = "mean") -> dict:
+    """lm_loss parts of packed rows (token mean over trained targets, or per token with "none")."""
+    inputs, targets, doc_ids, position_ids = batch
+    _, parts = model(inputs, targets, doc_ids=doc_ids, position_ids=position_ids, loss_parts=True,
+                     reduction=reduction)  # fmt: skip
+    return parts
+
+
+@torch.no_grad()
+def validation_loss(stage: Stage, packed: Packed, batch_size: int) -> float | None:
+    """Token-mean cross-entropy over every trained target of the held-out rows."""
+    if len(packed) == 0 or not bool((packed.targets != IGNORE_INDEX).any()):
+        return None
+    was = stage.model.training
+    stage.model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(packed), batch_size):
+        batch = packed.rows(list(range(start, min(start + batch_size, len(packed)))), stage.device)
+        with stage.precision.autocast():
+            ce = masked_loss(stage.model, batch, reduction="none")["ce"]
+        total += float(ce.double().sum())
+        count += int((batch[1] != IGNORE_INDEX).sum())
+    stage.model.train(was)
+    return total / max(count, 1)
+
+
+def run_sft(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = None) -> dict[str, Any]:
+    """Fine-tune the parent on conversations; returns the summary (also RUN/summary.json)."""
+    stage = stage or open_stage(cfg, "sft", force)
+    items = read_items(cfg.data)
+    train_items, held = split_heldout(items, cfg.data.heldout, cfg.run.seed)
+    pad = stage.tokenizer.pad_id
+    order = list(range(len(train_items)))
+    random.Random(cfg.run.seed).shuffle(order)
+    train = pack(encode_items(stage.chat, [train_items[i] for i in order]), stage.seq_len, pad)
+    val = pack(encode_items(stage.chat, held), stage.seq_len, pad) if held else None
+    optimizer, schedule = make_optimizer(stage), make_schedule(stage)
+    o = cfg.optim
+    trained = int((train.targets != IGNORE_INDEX).sum())
+    start_event(stage, o.steps, train_items=len(train_items), heldout_items=len(held), rows=len(train),
+                truncated=train.truncated, trained_tokens_per_epoch=trained, seq_len=stage.seq_len)  # fmt: skip
+    log(f"[sft] {len(train_items)} conversations in {len(train)} rows of {stage.seq_len} "
+        f"({trained} trained tokens, {train.truncated} cut), {len(held)} held out; {o.steps} steps")  # fmt: skip
+    first_val = validation_loss(stage, val, o.batch_size) if val is not None else None
+    if first_val is not None:
+        log_record(stage, {"kind": "eval", "step": 0, "tokens": 0, "val_loss": first_val})
+    rng = random.Random(cfg.run.seed + 1)
+    epoch_order: list[int] = []
+    stage.model.train()
+    last: dict[str, Any] = {}
+    bar = progress(total=o.steps, desc="sft", unit="step")
+    for step in range(o.steps):
+        index = []
+        while len(index) < o.batch_size:
+            if not epoch_order:
+                epoch_order = list(range(len(train)))
+                rng.shuffle(epoch_order)
+            index.append(epoch_order.pop())
+        batch = train.rows(index, stage.device)
+        lr = schedule(step)
+
+        def work(batch=batch, lr=lr) -> tuple[float, float]:
+            with stage.precision.autocast():
+                parts = masked_loss(stage.model, batch)
+            parts["loss"].backward()
+            return float(parts["ce"]), optimizer_step(stage, optimizer, lr)
+
+        ce, norm = timed(stage, work, tokens=batch[0].numel())
+        last = {"kind": "train", "step": step + 1, "tokens": stage.tokens, "loss": ce, "lr": lr,
+                "grad_norm": norm, "target_tokens": int((batch[1] != IGNORE_INDEX).sum()),
+                "tokens_per_s": stage.tokens_per_s()}  # fmt: skip
+        if (step + 1) % o.log_every == 0 or step + 1 == o.steps:
+            log_record(stage, last)
+        if val is not None and o.eval_every and (step + 1) % o.eval_every == 0 and step + 1 < o.steps:
+            log_record(stage, {"kind": "eval", "step": step + 1, "tokens": stage.tokens,
+                               "val_loss": validation_loss(stage, val, o.batch_size)})  # fmt: skip
+        bar.update(1)
+        bar.set_postfix(loss=f"{ce:.3f}")
+    bar.close()
+    final_val = validation_loss(stage, val, o.batch_size) if val is not None else None
+    if final_val is not None:
+        log_record(stage, {"kind": "eval", "step": o.steps, "tokens": stage.tokens, "val_loss": final_val})
+    return finish(stage, o.steps, {
+        "train_loss": last.get("loss"), "val_loss_before": first_val, "val_loss": final_val,
+        "train_items": len(train_items), "heldout_items": len(held), "truncated": train.truncated,
+    })  # fmt: skip

@@ -1,0 +1,236 @@
+"""What every post-training stage shares: start from a parent checkpoint through the fork machinery,
+lay out the new run directory, the optimizer and schedule, metrics, checkpoints and the summary.
+
+A stage's output is a run directory like a fork's: RUN/tokenizer (the parent's, copied), RUN/config.json
+(the parent's pipeline config, so `smelt eval RUN` and `smelt export hf RUN` work on it),
+RUN/train/run.json (the post-training config and the parent record), RUN/train/metrics.jsonl,
+RUN/train/checkpoints/step_NNNNNNN (weights only) and RUN/summary.json. The next stage names RUN as
+its parent, so SFT -> DPO -> GRPO is a lineage chain the reports draw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from smelt.checkpoint.lineage import Parent, load_parent, resolve_parent
+from smelt.checkpoint.store import read_meta, save_checkpoint
+from smelt.config import ModelConfig, TrainConfig, hash_json
+from smelt.errors import UserError
+from smelt.lifecycle import committed_checkpoints, move_aside
+from smelt.manifest import code_version, library_versions, write_json
+from smelt.model.transformer import Transformer
+from smelt.posttrain.config import PostTrainConfig
+from smelt.posttrain.template import ChatFormat
+from smelt.progress import log
+from smelt.tokenizer.load import Tokenizer
+from smelt.train.distributed import clip_grads_, global_grad_norm
+from smelt.train.monitors import MetricsLog
+from smelt.train.optim import build_optimizer, set_lr
+from smelt.train.precision import Precision, resolve_precision
+from smelt.train.schedule import Schedule
+
+
+@dataclass
+class Stage:
+    """A stage in progress: the parent, the model (its weights loaded), where it writes, what it logs."""
+
+    name: str
+    cfg: PostTrainConfig
+    parent: Parent
+    out_dir: Path
+    tokenizer: Tokenizer
+    chat: ChatFormat
+    model: Transformer
+    device: torch.device
+    precision: Precision
+    seq_len: int
+    metrics: MetricsLog | None = None
+    started: float = field(default_factory=time.time)
+    tokens: int = 0  # tokens through the model's forward (training only), for tokens/s
+    train_seconds: float = 0.0
+
+    @property
+    def train_dir(self) -> Path:
+        return self.out_dir / "train"
+
+    def model_config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.model.cfg)
+
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.train_seconds if self.train_seconds > 0 else 0.0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            "run.device = 'cuda' but no CUDA device is visible; use run.device = 'cpu' or 'auto'."
+        )
+    return torch.device(name)
+
+
+def load_policy(parent: Parent, device: torch.device, max_seq_len: int = 0) -> Transformer:
+    """The parent's model with its weights (through the fork loader); max_seq_len > 0 overrides the
+    context length (RoPE is computed, not stored, so the weights still fit)."""
+    meta = read_meta(parent.checkpoint, verify=False)
+    saved = dict(meta["model_config"])
+    if max_seq_len:
+        saved["max_seq_len"] = max_seq_len
+    model = Transformer.for_loading(ModelConfig(**saved), int(meta["vocab_size"]), device)
+    load_parent(parent, model, None, with_optimizer=False)  # type: ignore[arg-type]
+    return model
+
+
+def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
+    """Resolve the parent, load its tokenizer and weights, prepare the output run directory."""
+    if not cfg.run.init_from:
+        raise UserError(
+            f"run.init_from is empty: name the checkpoint {name} starts from (a run directory, RUN:STEP or a "
+            f"step_NNNNNNN directory), e.g. --set run.init_from=runs/quickstart."
+        )
+    if not cfg.run.out:
+        raise UserError(
+            f"run.out is empty: name the run directory {name} writes, e.g. --set run.out=runs/sft."
+        )
+    parent = resolve_parent(cfg.run.init_from)
+    out_dir = Path(cfg.run.out)
+    if out_dir.resolve() == parent.run_dir.resolve():
+        raise UserError(
+            f"run.out = {cfg.run.out!r} is the parent run itself; a {name} stage writes a new run."
+        )
+    if committed_checkpoints(out_dir / "train"):
+        if not force:
+            raise UserError(
+                f"{out_dir} already holds committed {name} checkpoints. Pass --force to move that run to "
+                f"{out_dir / 'superseded'} and start again, or choose another run.out."
+            )
+        moved = move_aside(out_dir / "train", out_dir)
+        log(f"[{name}] the previous {out_dir / 'train'} was moved to {moved}")
+    device = resolve_device(cfg.run.device)
+    torch.manual_seed(cfg.run.seed)
+    tokenizer = Tokenizer.load(parent.run_dir / "tokenizer")
+    meta = read_meta(parent.checkpoint, verify=False)
+    if int(meta["vocab_size"]) != tokenizer.vocab_size:
+        raise UserError(
+            f"{parent.checkpoint} has vocab size {meta['vocab_size']} but {parent.run_dir / 'tokenizer'} has "
+            f"{tokenizer.vocab_size}: the checkpoint was not trained with that tokenizer."
+        )
+    max_len = int(meta["model_config"]["max_seq_len"])
+    seq_len = cfg.optim.seq_len or max_len
+    model = load_policy(parent, device, max_seq_len=max(seq_len, max_len))
+    stage = Stage(
+        name, cfg, parent, out_dir, tokenizer, ChatFormat(tokenizer), model, device,
+        resolve_precision(cfg.run.precision, device), seq_len,
+    )  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(parent.run_dir / "tokenizer", out_dir / "tokenizer", dirs_exist_ok=True)
+    if (parent.run_dir / "config.json").is_file():
+        shutil.copyfile(parent.run_dir / "config.json", out_dir / "config.json")
+    stage.train_dir.mkdir(parents=True, exist_ok=True)
+    write_json(stage.train_dir / "run.json", {
+        "stage": name, "posttrain_config": cfg.to_dict(), "config_hash": hash_json(cfg.to_dict()),
+        "parent": parent.record(), "model_config": stage.model_config(), "vocab_size": tokenizer.vocab_size,
+        "tokenizer_hash": tokenizer.hash, "code": code_version(), "libraries": library_versions(),
+        "device": str(device), "precision": stage.precision.name,
+    })  # fmt: skip
+    stage.metrics = MetricsLog(stage.train_dir / "metrics.jsonl")
+    return stage
+
+
+def make_optimizer(stage: Stage, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+    """AdamW (the pretraining optimizer: decay on matmul weights only, betas 0.9/0.95)."""
+    o = stage.cfg.optim
+    train = TrainConfig(lr=o.lr, weight_decay=o.weight_decay, grad_clip=o.grad_clip)
+    return build_optimizer(model or stage.model, train, stage.device)
+
+
+def make_schedule(stage: Stage) -> Schedule:
+    o = stage.cfg.optim
+    warmup = o.warmup_steps or max(1, round(0.05 * o.steps))
+    return Schedule(kind=o.schedule, lr=o.lr, warmup=min(warmup, o.steps), total_steps=o.steps,
+                    min_lr_ratio=o.min_lr_ratio, decay_shape="linear")  # fmt: skip
+
+
+def optimizer_step(
+    stage: Stage, optimizer: torch.optim.Optimizer, lr: float, params: list[torch.nn.Parameter] | None = None
+) -> float:
+    """Clip to optim.grad_clip by the global norm (the pretraining rule), step, zero; returns the norm."""
+    params = [p for p in (params or list(stage.model.parameters())) if p.grad is not None]
+    norm = global_grad_norm(params, False)
+    clip = stage.cfg.optim.grad_clip
+    if clip > 0 and bool(torch.isfinite(norm)):
+        clip_grads_(params, norm, clip)
+    set_lr(optimizer, lr)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+def log_record(stage: Stage, record: dict[str, Any]) -> None:
+    if stage.metrics is not None:
+        stage.metrics.write(record)
+
+
+def start_event(stage: Stage, steps: int, **extra: Any) -> None:
+    params = sum(p.numel() for p in stage.model.parameters())
+    log_record(stage, {
+        "kind": "event", "event": "start", "step": 0, "tokens": 0, "stage": stage.name, "steps": steps,
+        "parent": stage.parent.record(), "params_total": params, "device": str(stage.device),
+        "precision": stage.precision.name, "config_hash": hash_json(stage.cfg.to_dict()), **extra,
+    })  # fmt: skip
+
+
+def timed(stage: Stage, work: Callable[[], Any], tokens: int) -> Any:
+    """Run one training step's work, adding its wall time and tokens to the stage's throughput."""
+    begin = time.perf_counter()
+    out = work()
+    if stage.device.type == "cuda":
+        torch.cuda.synchronize(stage.device)
+    stage.train_seconds += time.perf_counter() - begin
+    stage.tokens += tokens
+    return out
+
+
+def save(stage: Stage, step: int, extra: dict[str, Any] | None = None) -> Path:
+    """A weights-only committed checkpoint the next stage, `smelt eval` and `smelt export hf` read."""
+    meta = {
+        "model_config": stage.model_config(), "vocab_size": stage.tokenizer.vocab_size, "tokens": stage.tokens,
+        "tokenizer_hash": stage.tokenizer.hash, "weights_only": True, "stage": stage.name,
+        "config_hash": hash_json(stage.cfg.to_dict()), "parent": stage.parent.record(), **(extra or {}),
+    }  # fmt: skip
+    path = save_checkpoint(stage.train_dir / "checkpoints", step, stage.model, None, meta)
+    log_record(stage, {"kind": "event", "event": "checkpoint", "step": step, "tokens": stage.tokens,
+                       "path": str(path)})  # fmt: skip
+    return path
+
+
+def finish(stage: Stage, step: int, summary: dict[str, Any]) -> dict[str, Any]:
+    """Save the final checkpoint, write RUN/summary.json and the end event; returns the summary."""
+    checkpoint = save(stage, step)
+    out = {
+        "stage": stage.name, "run_dir": str(stage.out_dir), "checkpoint": str(checkpoint),
+        "parent": str(stage.parent.checkpoint), "steps": step, "tokens": stage.tokens,
+        "tokens_per_s": round(stage.tokens_per_s(), 1), "train_time_s": round(stage.train_seconds, 2),
+        "wall_time_s": round(time.time() - stage.started, 2), **summary,
+    }  # fmt: skip
+    write_json(stage.out_dir / "summary.json", out)
+    log_record(stage, {"kind": "event", "event": "end", "step": step, "tokens": stage.tokens,
+                       "wall_time_s": out["wall_time_s"]})  # fmt: skip
+    if stage.metrics is not None:
+        stage.metrics.close()
+    return out
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
