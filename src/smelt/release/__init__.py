@@ -1,0 +1,1 @@
+"""Packaging a run for others: checkpoints as Hugging Face revisions, the data order, cards, verification."""
