@@ -43,6 +43,7 @@ from smelt.config.data import (  # noqa: F401  (smelt.config is where every sect
 from smelt.config.env import expand_env
 from smelt.config.fields import option
 from smelt.errors import ConfigError
+from smelt.model.moe_config import check_moe
 from smelt.model.presets import MODEL_PRESETS
 
 
@@ -168,6 +169,23 @@ class ModelConfig:
         "auto",
         choices=("auto", "sdpa", "flex"),
         help="document-masked attention kernel: flex (BlockMask), sdpa (dense mask); auto: flex on CUDA",
+    )
+    # Mixture of experts (docs/moe.md; checked by smelt.model.moe_config.check_moe).
+    moe_experts: int = option(0, range=(0, 4096), help="routed experts per MoE layer (0: dense model)")
+    moe_top_k: int = option(2, range=(1, 4096), help="experts each token is routed to")
+    moe_d_ff: int = option(0, range=(0, 10**6), help="hidden size of each expert (0: the dense d_ff)")
+    moe_every: int = option(1, range=(1, 1024), help="every k-th layer is MoE (1: all); the rest dense")
+    moe_first_dense: int = option(0, range=(0, 1024), help="the first k layers stay dense")
+    moe_shared_experts: int = option(0, range=(0, 64), help="always-on experts of moe_d_ff each")
+    moe_gate: str = option("softmax", choices=("softmax", "sigmoid"), help="router scores")
+    moe_norm_topk: bool = option(True, help="renormalize the top-k gate weights to sum to 1")
+    moe_capacity_factor: float = option(
+        0.0, range=(0.0, 64.0), help="tokens per expert at most, x (tokens * top_k / experts); 0: dropless"
+    )
+    moe_aux_loss: float = option(0.01, range=(0.0, 10.0), help="load-balancing loss coefficient")
+    moe_z_loss: float = option(0.001, range=(0.0, 10.0), help="router z-loss coefficient")
+    moe_bias_rate: float = option(
+        0.0, range=(0.0, 1.0), help="auxiliary-loss-free balancing: expert bias step per update (0: off)"
     )
 
 
@@ -536,6 +554,7 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"{origin}: the head dimension d_model / n_heads must be even for RoPE.")
     _check_rope_scaling(m, origin)
+    check_moe(m, origin)
     if cfg.train.seq_len > m.max_seq_len:
         raise ConfigError(
             f"{origin}: train.seq_len ({cfg.train.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); "

@@ -2,7 +2,8 @@
 
 Pre-norm RMSNorm blocks, grouped-query attention with rotary position embeddings (optionally on a
 fraction of each head's dims, optionally skipped on every k-th layer, with optional QK-norm), a
-SwiGLU MLP, no biases anywhere, and an LM head tied to the token embedding or not. Everything
+SwiGLU MLP (or, on the layers the moe_* keys choose, a mixture of SwiGLU experts: moe.py), no biases
+anywhere, and an LM head tied to the token embedding or not. Everything
 numerically delicate (norm statistics, RoPE angles, the loss) is computed in fp32 so that bf16
 autocast only touches the matmuls.
 
@@ -25,6 +26,8 @@ from torch.utils.checkpoint import checkpoint
 from smelt.config import ModelConfig
 from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
 from smelt.model.flops import resolved_d_ff
+from smelt.model.moe import MoE
+from smelt.model.moe_config import is_moe_layer
 from smelt.model.rope import apply_rope, model_rope_table, rope_table  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
@@ -137,12 +140,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg) if is_moe_layer(cfg, layer) else MLP(cfg)
 
     def forward(self, x, rope, cache=None, layer=0, mask=None) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, cache, layer, mask)
@@ -193,13 +196,27 @@ def lm_loss(
     return {"ce": ce, "z_loss": z, "loss": ce + z}
 
 
+def with_moe_aux_loss(
+    parts: dict[str, torch.Tensor], moe_aux: torch.Tensor, targets: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """lm_loss's parts with the MoE balancing loss added to "loss" (and given as "moe_aux").
+
+    With reduction "none" the (scalar) term is added at every scored position, so that any mean of
+    the per-token losses over scored positions, as a trainer takes them, still includes it once.
+    """
+    if parts["loss"].ndim:
+        keep = (targets != IGNORE_INDEX).to(parts["loss"].dtype)
+        return {**parts, "moe_aux": moe_aux * keep, "loss": parts["loss"] + moe_aux * keep}
+    return {**parts, "moe_aux": moe_aux, "loss": parts["loss"] + moe_aux}
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg
         self.vocab_size = vocab_size
         self.tok_emb = nn.Embedding(vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -222,6 +239,9 @@ class Transformer(nn.Module):
         model.rope = model_rope_table(cfg, max(rotary_dim(cfg), 2)).to(device)
         if cfg.tie_embeddings:  # to_empty gives each parameter its own storage
             model.lm_head.weight = model.tok_emb.weight
+        for block in model.blocks:  # buffers a checkpoint does not hold start from zero
+            if isinstance(block.mlp, MoE):
+                block.mlp.reset_counters()
         return model
 
     @torch.no_grad()
@@ -235,11 +255,21 @@ class Transformer(nn.Module):
                 trunc_(module.weight, std)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
+            elif isinstance(module, MoE):
+                trunc_(module.w_gate, std)
+                trunc_(module.w_up, std)
+                module.expert_bias.zero_()
         # Each block adds two residual branches; scaling their output projections keeps the
         # residual stream's variance from growing with depth (GPT-2 / Llama practice).
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
         for block in self.blocks:
-            for weight in (block.attn.wo.weight, block.mlp.down.weight):
+            mlp = block.mlp
+            outputs = (
+                [mlp.w_down, *([mlp.shared.down.weight] if mlp.shared is not None else [])]
+                if isinstance(mlp, MoE)
+                else [mlp.down.weight]
+            )
+            for weight in (block.attn.wo.weight, *outputs):
                 trunc_(weight, out_std)
         # The head (the embedding too, when tied) gets its own std: see resolved_head_init_std.
         trunc_(self.lm_head.weight, resolved_head_init_std(self.cfg))
@@ -294,7 +324,19 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.advance(T)
         logits = self.lm_head(self.norm(x))
+        moe_aux = self._take_moe_aux_loss()
         if targets is None:
             return logits, None
         parts = lm_loss(logits, targets, self.cfg.z_loss, reduction)
+        if moe_aux is not None:
+            parts = with_moe_aux_loss(parts, moe_aux, targets)
         return logits, (parts if loss_parts else parts["loss"])
+
+    def _take_moe_aux_loss(self) -> torch.Tensor | None:
+        """The MoE layers' balancing losses of this forward, summed; the layers let go of theirs."""
+        total = None
+        for block in self.blocks:
+            if isinstance(block.mlp, MoE) and block.mlp.aux_loss is not None:
+                total = block.mlp.aux_loss if total is None else total + block.mlp.aux_loss
+                block.mlp.aux_loss = None
+        return total
