@@ -160,7 +160,7 @@ def run_sft(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = Non
             with stage.precision.autocast():
                 parts = masked_loss(stage.model, batch)
             parts["loss"].backward()
-            return float(parts["ce"]), optimizer_step(stage, optimizer, lr)
+            return float(parts["ce"].detach()), optimizer_step(stage, optimizer, lr)
 
         ce, norm = timed(stage, work, tokens=batch[0].numel())
         last = {"kind": "train", "step": step + 1, "tokens": stage.tokens, "loss": ce, "lr": lr,
