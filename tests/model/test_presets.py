@@ -33,7 +33,7 @@ def test_preset_shapes_follow_the_design(name):
     cfg = preset_config(name)
     head_dim = cfg.d_model // cfg.n_heads
     assert cfg.d_model % cfg.n_heads == 0 and cfg.n_heads % (cfg.n_kv_heads or cfg.n_heads) == 0
-    if name != "tiny-1m":  # the test preset is allowed a 32-dim head
+    if name not in ("tiny-1m", "tiny-moe"):  # the test presets are allowed a 32-dim head
         assert 64 <= head_dim <= 128
     d_ff = resolved_d_ff(cfg)
     multiple = 64 if cfg.d_model < 1024 else 256

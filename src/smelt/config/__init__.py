@@ -101,6 +101,15 @@ class TokensConfig:
     workers: int = option(
         0, range=(0, 1024), help="encoding processes (0: one per CPU core, one per 32 MB of text at most)"
     )
+    executor: str = option(
+        "pool", choices=("pool", "ray"), help="where batches are encoded: `pool` (local processes) or `ray`"
+    )
+    ray_address: str = option(
+        "", help="executor ray: empty starts a local Ray; `auto` or ray://HOST:10001 joins a running cluster"
+    )
+    retries: int = option(
+        3, range=(0, 100), help="executor ray: times a batch whose worker or node died is encoded again"
+    )
     bos: bool = option(False, help="also put BOS before each document (EOS always follows it)")
     mixture: dict = option({}, help="weight per source, normalized (empty: natural proportions by tokens)")
     epochs: dict = option({}, help="epoch multiplier per source, e.g. {wiki = 6.0} (instead of mixture)")
@@ -121,7 +130,7 @@ class TokensConfig:
 
     def loader_settings(self) -> dict[str, Any]:
         """The keys only the training loader reads: part of the train stage's cache key."""
-        skip = {*SHARD_KEYS, "batch_docs", "batch_bytes", "workers"}
+        skip = {*SHARD_KEYS, "batch_docs", "batch_bytes", "workers", "executor", "ray_address", "retries"}
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
 
 
@@ -132,6 +141,7 @@ class ModelConfig:
     n_layers: int = option(4, range=(1, 1024))
     n_heads: int = option(4, range=(1, 1024))
     n_kv_heads: int = option(0, range=(0, 1024), help="key/value heads for GQA (0: n_heads)")
+    head_dim: int = option(0, range=(0, 4096), help="query/key/value dims per head (0: d_model / n_heads)")
     d_ff: int = option(0, range=(0, 10**6), help="SwiGLU hidden size (0: 8/3 d rounded)")
     rope_theta: float = option(10_000.0, range=(1.0, 1e9))
     rope_scaling: str = option(
@@ -543,7 +553,7 @@ def _num(x: float) -> str:
 def _check_cross_fields(cfg: Config, origin: str) -> None:
     m = cfg.model
     kv = m.n_kv_heads or m.n_heads
-    if m.d_model % m.n_heads:
+    if m.d_model % m.n_heads and not m.head_dim:
         raise ConfigError(
             f"{origin}: model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})."
         )
@@ -551,7 +561,7 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
         raise ConfigError(
             f"{origin}: model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({kv}) for GQA."
         )
-    if (m.d_model // m.n_heads) % 2:
+    if (m.head_dim or m.d_model // m.n_heads) % 2:
         raise ConfigError(f"{origin}: the head dimension d_model / n_heads must be even for RoPE.")
     _check_rope_scaling(m, origin)
     check_moe(m, origin)

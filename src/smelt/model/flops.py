@@ -13,27 +13,48 @@ def resolved_d_ff(cfg: ModelConfig) -> int:
     return -(-8 * cfg.d_model // (3 * multiple)) * multiple
 
 
+def head_dim_of(cfg: ModelConfig) -> int:
+    """Dims per attention head: cfg.head_dim, else d_model / n_heads."""
+    return cfg.head_dim or cfg.d_model // cfg.n_heads
+
+
 def count_params(cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
-    """{"total", "non_embedding", "embedding"}.
+    """{"total", "non_embedding", "embedding", "active", "active_non_embedding"}.
 
     "embedding" is the token embedding matrix (V x d). An untied LM head is a matmul and counts as
-    non-embedding; a tied head shares the embedding matrix and is counted once.
+    non-embedding; a tied head shares the embedding matrix and is counted once. "active" counts what
+    one token uses: on MoE layers the router, its top-k routed experts and the shared experts, not
+    the other experts (for a dense model active = total).
     """
+    from smelt.model.moe_config import moe_layers
+
     d = cfg.d_model
-    head_dim = d // cfg.n_heads
+    head_dim = head_dim_of(cfg)
+    q_dim = cfg.n_heads * head_dim
     kv_dim = (cfg.n_kv_heads or cfg.n_heads) * head_dim
-    attn = d * d + 2 * d * kv_dim + d * d  # wq, wk, wv, wo
+    attn = d * q_dim + 2 * d * kv_dim + q_dim * d  # wq, wk, wv, wo
     qk_norm = 2 * head_dim if cfg.qk_norm else 0
-    mlp = 3 * d * resolved_d_ff(cfg)
-    per_layer = attn + mlp + 2 * d + qk_norm  # + two RMSNorm weights
+    shared = attn + 2 * d + qk_norm  # + two RMSNorm weights
+    dense_mlp = 3 * d * resolved_d_ff(cfg)
+    sparse = moe_layers(cfg)
+    expert = 3 * d * (cfg.moe_d_ff or resolved_d_ff(cfg))
+    moe_fixed = d * cfg.moe_experts + cfg.moe_shared_experts * expert  # router + shared experts
+    layers = cfg.n_layers * shared + (cfg.n_layers - len(sparse)) * dense_mlp
     embedding = vocab_size * d
-    non_embedding = cfg.n_layers * per_layer + d  # + final norm
-    if not cfg.tie_embeddings:
-        non_embedding += vocab_size * d
-    return {"total": embedding + non_embedding, "non_embedding": non_embedding, "embedding": embedding}
+    head = 0 if cfg.tie_embeddings else vocab_size * d
+    non_embedding = layers + len(sparse) * (moe_fixed + cfg.moe_experts * expert) + d + head  # + final norm
+    active_non_embedding = layers + len(sparse) * (moe_fixed + cfg.moe_top_k * expert) + d + head
+    return {
+        "total": embedding + non_embedding,
+        "non_embedding": non_embedding,
+        "embedding": embedding,
+        "active": embedding + active_non_embedding,
+        "active_non_embedding": active_non_embedding,
+    }
 
 
 def flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 N (N = non-embedding parameters) + 12 L d s for attention."""
-    n = count_params(cfg, vocab_size)["non_embedding"]
-    return float(6 * n + 12 * cfg.n_layers * cfg.d_model * seq_len)
+    """Training FLOPs per token: 6 N + 12 L d s for attention, N = the non-embedding parameters a
+    token uses (for MoE the active experts only); d is the attention width n_heads x head_dim."""
+    n = count_params(cfg, vocab_size)["active_non_embedding"]
+    return float(6 * n + 12 * cfg.n_layers * cfg.n_heads * head_dim_of(cfg) * seq_len)

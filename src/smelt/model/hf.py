@@ -29,7 +29,7 @@ import torch
 
 from smelt.config import ModelConfig
 from smelt.errors import UserError
-from smelt.model.flops import resolved_d_ff
+from smelt.model.flops import head_dim_of, resolved_d_ff
 from smelt.model.rope import hf_rope_fields, rope_from_hf
 from smelt.model.transformer import Transformer
 
@@ -73,7 +73,7 @@ def hf_config(
 ) -> dict:
     """config.json for LlamaForCausalLM (or Qwen3ForCausalLM with QK-norm)."""
     model_type = check_exportable(cfg)
-    head_dim = cfg.d_model // cfg.n_heads
+    head_dim = head_dim_of(cfg)
     config: dict[str, Any] = {
         "architectures": ["Qwen3ForCausalLM" if model_type == "qwen3" else "LlamaForCausalLM"],
         "model_type": model_type,
@@ -111,7 +111,7 @@ def hf_state_dict(model: Transformer, dtype: torch.dtype | None = None) -> dict[
     cfg = model.cfg
     check_exportable(cfg)
     n_heads, n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
-    head_dim = cfg.d_model // n_heads
+    head_dim = head_dim_of(cfg)
 
     def t(x: torch.Tensor) -> torch.Tensor:
         x = x.detach().cpu()
@@ -306,7 +306,7 @@ def import_hf(folder: str | Path) -> Transformer:
     cfg = config_from_hf(config, str(config_path))
     vocab = int(config["vocab_size"])
     hf = _read_safetensors(folder)
-    n_heads, n_kv, head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.d_model // cfg.n_heads
+    n_heads, n_kv, head_dim = cfg.n_heads, cfg.n_kv_heads, head_dim_of(cfg)
     state: dict[str, torch.Tensor] = {
         "tok_emb.weight": hf["model.embed_tokens.weight"],
         "norm.weight": hf["model.norm.weight"],

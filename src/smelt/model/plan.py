@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from smelt.config import ModelConfig
 from smelt.errors import UserError
-from smelt.model.flops import count_params, flops_per_token, resolved_d_ff
+from smelt.model.flops import count_params, flops_per_token, head_dim_of, resolved_d_ff
+from smelt.model.moe_config import moe_layers
 from smelt.model.presets import MODEL_PRESETS
 
 DEFAULT_VOCAB = 32_768
@@ -19,7 +20,7 @@ def preset_config(name: str, **overrides: object) -> ModelConfig:
 
 def kv_cache_bytes_per_token(cfg: ModelConfig, bytes_per_value: int = 2) -> int:
     """Keys and values of every layer for one token (bf16: 2 bytes per value)."""
-    head_dim = cfg.d_model // cfg.n_heads
+    head_dim = head_dim_of(cfg)
     return 2 * cfg.n_layers * (cfg.n_kv_heads or cfg.n_heads) * head_dim * bytes_per_value
 
 
@@ -37,17 +38,21 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def expert_d_ff(cfg: ModelConfig) -> int:
+    return cfg.moe_d_ff or resolved_d_ff(cfg)
+
+
 def describe_config(
     cfg: ModelConfig, vocab_size: int = DEFAULT_VOCAB, seq_len: int | None = None
 ) -> list[tuple[str, str]]:
     """(label, value) rows: shape, parameters, FLOPs per token, KV cache and weight memory."""
     seq = seq_len or cfg.max_seq_len
     counts = count_params(cfg, vocab_size)
-    head_dim = cfg.d_model // cfg.n_heads
+    head_dim = head_dim_of(cfg)
     kv = cfg.n_kv_heads or cfg.n_heads
     flops = flops_per_token(cfg, vocab_size, seq)
     kv_bytes = kv_cache_bytes_per_token(cfg)
-    return [
+    rows = [
         (
             "shape",
             f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x {head_dim}, "
@@ -56,7 +61,29 @@ def describe_config(
         ("vocabulary", f"{vocab_size:,} ({'tied' if cfg.tie_embeddings else 'untied'} head)"),
         ("parameters (total)", f"{counts['total']:,} ({_human(counts['total'])})"),
         ("parameters (non-embedding)", f"{counts['non_embedding']:,} ({_human(counts['non_embedding'])})"),
-        (f"training FLOPs per token (6N + 12 L d s, s = {seq})", f"{flops:.4g} ({_human(flops, 'FLOP')})"),
+    ]
+    if cfg.moe_experts:
+        sparse = moe_layers(cfg)
+        shared = f" + {cfg.moe_shared_experts} shared" if cfg.moe_shared_experts else ""
+        rows += [
+            (
+                "experts",
+                f"{len(sparse)} of {cfg.n_layers} layers MoE: {cfg.moe_experts} experts{shared} of d_ff "
+                f"{expert_d_ff(cfg)}, top-{cfg.moe_top_k} ({cfg.moe_gate})",
+            ),
+            ("parameters (active per token)", f"{counts['active']:,} ({_human(counts['active'])})"),
+            (
+                "parameters (active non-embedding)",
+                f"{counts['active_non_embedding']:,} ({_human(counts['active_non_embedding'])})",
+            ),
+        ]
+    active = " active" if cfg.moe_experts else ""
+    return [
+        *rows,
+        (
+            f"training FLOPs per token (6N{active} + 12 L d s, s = {seq})",
+            f"{flops:.4g} ({_human(flops, 'FLOP')})",
+        ),
         ("KV-cache bytes per token (bf16)", f"{kv_bytes:,} ({_bytes(kv_bytes)})"),
         (f"KV cache at {seq} tokens (bf16, batch 1)", _bytes(kv_bytes * seq)),
         ("weights (bf16)", _bytes(2 * counts["total"])),

@@ -25,7 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from smelt.config import ModelConfig
 from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
-from smelt.model.flops import resolved_d_ff
+from smelt.model.flops import head_dim_of, resolved_d_ff
 from smelt.model.moe import MoE
 from smelt.model.moe_config import is_moe_layer
 from smelt.model.rope import apply_rope, model_rope_table, rope_table  # noqa: F401 (re-exported)
@@ -51,7 +51,7 @@ class RMSNorm(nn.Module):
 
 def rotary_dim(cfg: ModelConfig) -> int:
     """Dims of each head that RoPE rotates: rope_fraction of the head dim, rounded down to even."""
-    head_dim = cfg.d_model // cfg.n_heads
+    head_dim = head_dim_of(cfg)
     return int(head_dim * cfg.rope_fraction) // 2 * 2
 
 
@@ -88,7 +88,7 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
-        self.head_dim = cfg.d_model // cfg.n_heads
+        self.head_dim = head_dim_of(cfg)
         self.wq = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.d_model, self.n_kv_heads * self.head_dim, bias=False)
