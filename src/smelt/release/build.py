@@ -155,6 +155,13 @@ def release_run(
     checkpoints = select_checkpoints(run_dir, every_checkpoint)
     metas = [read_meta(p, verify=True) for p in checkpoints]  # a damaged checkpoint stops the release here
     check_exportable(_model_config(metas[-1]))
+    sources = [s.get("name") for s in (metas[-1].get("config", {}).get("data", {}).get("sources") or [])]
+    unknown = sorted(set(licenses) - set(sources))
+    if unknown:
+        raise UserError(
+            f"--license names source {unknown[0]!r}, which this run does not have (sources: "
+            f"{', '.join(sources)}); use SOURCE=LICENSE with one of those names."
+        )
     if out_dir.resolve() == run_dir.resolve() or run_dir.resolve() in out_dir.resolve().parents:
         raise UserError(f"release output {out_dir} is inside the run {run_dir}; write the release elsewhere.")
     is_git = _prepare_out(out_dir, force)
@@ -176,6 +183,7 @@ def release_run(
                 "checkpoint_sha256": dict(meta.get("checksums", {})),
                 "config_hash": meta.get("config_hash"),
                 "probe": probe_logits(model, int(meta["vocab_size"])),
+                "files": {p.name: hash_file(p) for p in sorted(target.iterdir()) if p.is_file()},
             }
         )
         del model
@@ -194,13 +202,6 @@ def release_run(
         lines = "".join(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n" for record in decisions)
         (out_dir / "decisions.jsonl").write_text(lines, encoding="utf-8")
 
-    sources = [s.get("name") for s in (metas[-1].get("config", {}).get("data", {}).get("sources") or [])]
-    unknown = sorted(set(licenses) - set(sources))
-    if unknown:
-        raise UserError(
-            f"--license names source {unknown[0]!r}, which this run does not have (sources: "
-            f"{', '.join(sources)}); use SOURCE=LICENSE with one of those names."
-        )
     facts = {
         "run": run_dir.name,
         "run_dir": str(run_dir.resolve()),

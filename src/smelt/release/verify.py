@@ -9,7 +9,6 @@ ones smelt computed from the checkpoint when the release was made.
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -88,20 +87,21 @@ def _data_order(out_dir: Path) -> list[str]:
     return problems
 
 
-def _revision_dir(out_dir: Path, release: dict[str, Any], revision: str, scratch: Path) -> Path:
+def _revision_dir(out_dir: Path, release: dict[str, Any], entry: dict[str, Any], scratch: Path) -> Path:
+    """The folder of one revision; a git branch is extracted and re-hashed against release.json first."""
     if release.get("layout") != "git-branches":
-        return out_dir / REVISIONS / revision
-    target = scratch / revision
-    target.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(out_dir), "archive", "--format=tar", revision], capture_output=True, check=False
-    )
-    if archive.returncode:
-        raise UserError(
-            f"git branch {revision} of {out_dir} cannot be read ({archive.stderr.decode().strip()})."
-        )
-    subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    return target
+        return out_dir / REVISIONS / entry["revision"]
+    from smelt.release.git import extract_revision
+
+    folder = extract_revision(out_dir, entry["revision"], scratch / entry["revision"])
+    for name, digest in entry.get("files", {}).items():
+        path = folder / name
+        if not path.is_file() or hash_file(path) != digest:
+            raise UserError(
+                f"release {out_dir} failed verification: {name} of git branch {entry['revision']} does not match "
+                f"its sha256 in release.json. Rebuild the release with `smelt release RUN OUT --force`."
+            )
+    return folder
 
 
 def load_revision(folder: Path, probe: dict[str, Any], dtype: str) -> float:
@@ -110,7 +110,7 @@ def load_revision(folder: Path, probe: dict[str, Any], dtype: str) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(folder).float().eval()
     with torch.no_grad():
         logits = model(torch.tensor([probe["input_ids"]])).logits[0][:, probe["columns"]]
     expected = torch.tensor(probe["logits"])
@@ -143,7 +143,7 @@ def verify_release(out_dir: str | Path, load: bool = True) -> list[tuple[str, st
     if load:
         with tempfile.TemporaryDirectory() as scratch:
             for entry in release["revisions"]:
-                folder = _revision_dir(out_dir, release, entry["revision"], Path(scratch))
+                folder = _revision_dir(out_dir, release, entry, Path(scratch))
                 try:
                     ratio = load_revision(folder, entry["probe"], release.get("dtype", "float32"))
                 except (OSError, ValueError, KeyError) as exc:

@@ -320,3 +320,46 @@ def describe_replay(order_dir: Path, step: int, tokens_dir: Path, tokenizer_dir:
             pieces.append(tokenizer.decode(tokens[lo:hi]))
         lines.append("".join(pieces))
     return "\n".join(lines) + "\n"
+
+
+def inspect_batches(args: Any) -> int:
+    """`smelt inspect batches TARGET --step N`: TARGET is a release (replayed from its data order), a run
+    directory or a pipeline TOML file (the batch recomputed by the run's loader)."""
+    target = Path(args.config)
+    order_dir = target if (target / INDEX).is_file() else target / ORDER_DIR
+    if (order_dir / INDEX).is_file():
+        release = order_dir.parent
+        tokens = getattr(args, "tokens", None)
+        if tokens is None:
+            tokens = (
+                release / "tokens"
+                if (release / "tokens").is_dir()
+                else read_index(order_dir).get("tokens_dir")
+            )
+        if tokens is None:
+            raise UserError(
+                f"{order_dir} records no tokens directory; pass --tokens DIR (the run's token shards)."
+            )
+        print(describe_replay(order_dir, args.step, Path(tokens), release / "tokenizer", rows=args.rows))
+        return 0
+    from smelt.config import config_from_dict, load_config
+    from smelt.tokens.inspect import describe_batch
+
+    if target.is_dir():
+        saved = target / "config.json"
+        if not saved.is_file():
+            raise UserError(
+                f"{target} is neither a release (no data_order/index.json) nor a run directory (no config.json); "
+                f"pass a release directory, a run directory such as runs/quickstart, or a pipeline TOML file."
+            )
+        from smelt.config import apply_override
+
+        raw = json.loads(saved.read_text())
+        for item in getattr(args, "overrides", []):
+            apply_override(raw, item)
+        cfg = config_from_dict(raw, origin=str(saved))
+        cfg.run.dir, cfg.run.name = str(target.parent), target.name  # follow a moved run
+    else:
+        cfg = load_config(target, getattr(args, "overrides", []))
+    print(describe_batch(cfg, args.step, rows=args.rows))
+    return 0
