@@ -30,6 +30,18 @@ import torch
 from smelt.config import ModelConfig
 from smelt.errors import UserError
 from smelt.model.flops import head_dim_of, resolved_d_ff
+from smelt.model.hf_moe import ARCHITECTURES as MOE_ARCHITECTURES
+from smelt.model.hf_moe import (
+    MOE_TYPES,
+    check_no_selection_bias,
+    export_moe_layer,
+    import_moe_layer,
+    moe_config_from_hf,
+    moe_hf_fields,
+    moe_model_type,
+)
+from smelt.model.moe import MoE
+from smelt.model.moe_config import is_moe_layer
 from smelt.model.rope import hf_rope_fields, rope_from_hf
 from smelt.model.transformer import Transformer
 
@@ -57,7 +69,8 @@ def _to_pairs(weight: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor
 
 
 def check_exportable(cfg: ModelConfig) -> str:
-    """The `transformers` model_type this config exports as ("llama" or "qwen3"); UserError if none."""
+    """The `transformers` model_type this config exports as ("llama", "qwen3"; MoE: "qwen3_moe",
+    "mixtral"); UserError if none."""
     if cfg.rope_fraction < 1.0 or cfg.nope_every:
         raise UserError(
             f"cannot export to Hugging Face: model.rope_fraction = {cfg.rope_fraction} and model.nope_every = "
@@ -65,6 +78,8 @@ def check_exportable(cfg: ModelConfig) -> str:
             f"transformers classes (Llama, Qwen3), so the exported model would compute different logits. "
             f"Export works for models trained with rope_fraction = 1 and nope_every = 0."
         )
+    if cfg.moe_experts:
+        return moe_model_type(cfg)
     return "qwen3" if cfg.qk_norm else "llama"
 
 
@@ -75,7 +90,9 @@ def hf_config(
     model_type = check_exportable(cfg)
     head_dim = head_dim_of(cfg)
     config: dict[str, Any] = {
-        "architectures": ["Qwen3ForCausalLM" if model_type == "qwen3" else "LlamaForCausalLM"],
+        "architectures": [
+            {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM", **MOE_ARCHITECTURES}[model_type]
+        ],
         "model_type": model_type,
         "vocab_size": vocab_size,
         "hidden_size": cfg.d_model,
@@ -97,6 +114,12 @@ def hf_config(
     }
     if model_type == "llama":
         config.update({"mlp_bias": False, "pretraining_tp": 1})
+    elif model_type in MOE_TYPES:
+        config.update(moe_hf_fields(cfg, model_type, cfg.moe_d_ff or resolved_d_ff(cfg)))
+        if model_type == "qwen3_moe":
+            config.update(
+                {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layers}
+            )
     else:
         config.update(
             {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layers}
@@ -109,7 +132,7 @@ def hf_config(
 def hf_state_dict(model: Transformer, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """smelt parameters under `transformers` Llama/Qwen3 names, q/k rows in rotate-half order."""
     cfg = model.cfg
-    check_exportable(cfg)
+    model_type = check_exportable(cfg)
     n_heads, n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
     head_dim = head_dim_of(cfg)
 
@@ -131,6 +154,9 @@ def hf_state_dict(model: Transformer, dtype: torch.dtype | None = None) -> dict[
         if a.q_norm is not None:
             out[p + "self_attn.q_norm.weight"] = t(_to_halves(a.q_norm.weight.detach(), n_heads, head_dim))
             out[p + "self_attn.k_norm.weight"] = t(_to_halves(a.k_norm.weight.detach(), n_kv, head_dim))
+        if isinstance(block.mlp, MoE):
+            out.update(export_moe_layer(block.mlp, model_type, p, t))
+            continue
         out[p + "mlp.gate_proj.weight"] = t(block.mlp.gate.weight)
         out[p + "mlp.up_proj.weight"] = t(block.mlp.up.weight)
         out[p + "mlp.down_proj.weight"] = t(block.mlp.down.weight)
@@ -194,6 +220,7 @@ def export_model(
     from safetensors.torch import save_file
 
     check_exportable(model.cfg)
+    check_no_selection_bias(model)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = dtype or model.tok_emb.weight.dtype
@@ -259,9 +286,10 @@ def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
 def config_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelConfig:
     """The ModelConfig of a `transformers` Llama (or Qwen3) config; UserError for what smelt lacks."""
     model_type = config.get("model_type")
-    if model_type not in ("llama", "qwen3"):
+    if model_type not in ("llama", "qwen3", *MOE_TYPES):
         raise UserError(
-            f"{where}: model_type {model_type!r} cannot be imported; smelt reads llama and qwen3."
+            f"{where}: model_type {model_type!r} cannot be imported; smelt reads llama, qwen3, qwen3_moe "
+            f"and mixtral."
         )
     hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
     rope = config.get("rope_parameters")
@@ -271,13 +299,12 @@ def config_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelC
         scaling = rope if rope.get("rope_type", "default") != "default" else None
         config = {**config, "rope_theta": rope.get("rope_theta", 10_000.0), "rope_scaling": scaling}
     problems = []
-    if config.get("head_dim", hidden // heads) != hidden // heads:
-        problems.append(f"head_dim {config['head_dim']} != hidden_size / num_attention_heads")
+    head_dim = int(config.get("head_dim") or hidden // heads)
     if config.get("attention_bias") or config.get("mlp_bias"):
         problems.append("attention or MLP biases")
     if config.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act {config['hidden_act']!r}")
-    if model_type == "qwen3" and config.get("use_sliding_window"):
+    if model_type in ("qwen3", "qwen3_moe") and config.get("use_sliding_window"):
         problems.append("sliding-window attention")
     if problems:
         raise UserError(f"{where}: cannot import into smelt's Llama architecture: {'; '.join(problems)}.")
@@ -286,13 +313,15 @@ def config_from_hf(config: dict[str, Any], where: str = "config.json") -> ModelC
         n_layers=int(config["num_hidden_layers"]),
         n_heads=heads,
         n_kv_heads=int(config.get("num_key_value_heads") or heads),
-        d_ff=int(config["intermediate_size"]),
+        head_dim=0 if head_dim == hidden // heads and hidden % heads == 0 else head_dim,
+        d_ff=0 if model_type == "mixtral" else int(config["intermediate_size"]),
         **rope_from_hf(config, where),
         norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
         init_std=float(config.get("initializer_range", 0.02)),
         max_seq_len=int(config.get("max_position_embeddings", 2048)),
+        **(moe_config_from_hf(config, model_type, where) if model_type in MOE_TYPES else {}),
     )
 
 
@@ -304,6 +333,7 @@ def import_hf(folder: str | Path) -> Transformer:
         raise UserError(f"{folder} has no config.json; point at a Hugging Face model folder.")
     config = json.loads(config_path.read_text())
     cfg = config_from_hf(config, str(config_path))
+    model_type = config["model_type"]
     vocab = int(config["vocab_size"])
     hf = _read_safetensors(folder)
     n_heads, n_kv, head_dim = cfg.n_heads, cfg.n_kv_heads, head_dim_of(cfg)
@@ -323,6 +353,9 @@ def import_hf(folder: str | Path) -> Transformer:
         if cfg.qk_norm:
             state[s + "attn.q_norm.weight"] = _to_pairs(hf[p + "self_attn.q_norm.weight"], n_heads, head_dim)
             state[s + "attn.k_norm.weight"] = _to_pairs(hf[p + "self_attn.k_norm.weight"], n_kv, head_dim)
+        if is_moe_layer(cfg, i):
+            state.update(import_moe_layer(hf, model_type, p, s + "mlp.", cfg.moe_experts))
+            continue
         state[s + "mlp.gate.weight"] = hf[p + "mlp.gate_proj.weight"]
         state[s + "mlp.up.weight"] = hf[p + "mlp.up_proj.weight"]
         state[s + "mlp.down.weight"] = hf[p + "mlp.down_proj.weight"]
