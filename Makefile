@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Extras `make install` adds. langid-lingua (the lingua language-id backend, 96 MB) is here so that its
 # tests run; `make install EXTRAS=dev` leaves it out.
-EXTRAS ?= dev,langid-lingua
+EXTRAS ?= dev,langid-lingua,ray
 
 .PHONY: install quickstart test bench lint clean
 

@@ -261,6 +261,18 @@ class DataConfig:
     )
     docs_per_part: int = option(50_000, range=(1, 10**8), help="documents per parquet part")
     workers: int = option(0, range=(0, 1024), help="reader processes (0: one per core)")
+    executor: str = option(
+        "pool",
+        choices=("pool", "ray"),
+        help="where the map and the MinHash signatures run: `pool` (local processes) or `ray` (Ray tasks; "
+        "the ray extra), same bytes out",
+    )
+    ray_address: str = option(
+        "", help="executor ray: empty starts a local Ray; `auto` or ray://HOST:10001 joins a running cluster"
+    )
+    retries: int = option(
+        3, range=(0, 100), help="executor ray: times a task whose worker or node died is run again"
+    )
     shard_bytes: int = option(
         64_000_000, range=(1_000, 10**12), help="input bytes per work shard (large files split by records)"
     )

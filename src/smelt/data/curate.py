@@ -36,14 +36,7 @@ from smelt.data.dedup.exact import ExactDedup
 from smelt.data.dedup.lines import LineDedup, count_lines
 from smelt.data.dedup.near import NearDedup, check_scope, params_of, plan_near_dedup
 from smelt.data.document import Doc, Ledger
-from smelt.data.executor import (
-    iter_entries,
-    iter_shard_docs,
-    read_column,
-    resolve_workers,
-    run_map,
-    start_method,
-)
+from smelt.data.executor import iter_entries, iter_shard_docs, read_column, run_map
 from smelt.data.filters import FILTER_STEPS, LengthFilter
 from smelt.data.filters.boilerplate import Boilerplate
 from smelt.data.ids import UniqueIds
@@ -59,11 +52,14 @@ from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, force
 from smelt.data.stats import KeptStats, build_stats, loss_warnings, removed_chars, warning_text
 from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
 from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
+from smelt.executors import TaskExecutor, make_executor
 from smelt.manifest import write_json
 from smelt.progress import log, progress
 
 WORK_DIR = "_work"
 MIN_SHARD_BYTES = 1 << 20
+# Keys that decide where tasks run, never what they produce: a run resumes across a change of them.
+PLACEMENT_KEYS = ("workers", "executor", "ray_address", "retries")
 
 
 def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -117,7 +113,8 @@ class QualityTopFraction(CorpusStep):
 def _fingerprint(cfg: DataConfig, resolved: dict[str, tuple[Path, list[Path]]]) -> str:
     """What a resumed run must share with the interrupted one: the config and the input files."""
     config = asdict(cfg)
-    config.pop("workers")
+    for key in PLACEMENT_KEYS:
+        config.pop(key)
     files = []
     for _, paths in resolved.values():
         for path in paths:
@@ -126,7 +123,9 @@ def _fingerprint(cfg: DataConfig, resolved: dict[str, tuple[Path, list[Path]]]) 
     return hash_json({"config": config, "files": files})
 
 
-def _plan(cfg: DataConfig, specs: list[tuple[ReadSpec, list[Path]]], work: Path, fingerprint: str):
+def _plan(
+    cfg: DataConfig, specs: list[tuple[ReadSpec, list[Path]]], work: Path, fingerprint: str, workers: int
+):
     plan_path = work / "plan.json"
     shards = read_plan(plan_path, fingerprint)
     if shards is not None:
@@ -134,7 +133,7 @@ def _plan(cfg: DataConfig, specs: list[tuple[ReadSpec, list[Path]]], work: Path,
     shutil.rmtree(work, ignore_errors=True)
     total = sum(path.stat().st_size for _, files in specs for path in files)
     # Enough shards to keep every worker busy, never more bytes per shard than configured.
-    target = min(cfg.shard_bytes, max(MIN_SHARD_BYTES, total // (4 * resolve_workers(cfg.workers))))
+    target = min(cfg.shard_bytes, max(MIN_SHARD_BYTES, total // (4 * workers)))
     shards = plan_shards(specs, target)
     write_plan(plan_path, fingerprint, shards)
     return shards
@@ -157,9 +156,34 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
     steps = build_steps(cfg)
     map_steps, corpus_steps = split_at_first_corpus_step(steps)
     work = out_dir / WORK_DIR
+    with _executor(cfg) as executor:
+        shards = _plan(cfg, specs, work, _fingerprint(cfg, resolved), executor.workers)
+        return _curate(cfg, out_dir, resolved, steps, map_steps, corpus_steps, shards, executor)
+
+
+def _executor(cfg: DataConfig) -> TaskExecutor:
+    return make_executor(
+        cfg.executor,
+        cfg.workers,
+        address=cfg.ray_address,
+        retries=cfg.retries,
+        key="data.executor",
+    )
+
+
+def _curate(
+    cfg: DataConfig,
+    out_dir: Path,
+    resolved: dict[str, tuple[Path, list[Path]]],
+    steps: list[Step],
+    map_steps: list,
+    corpus_steps: list[Step],
+    shards: list[WorkShard],
+    executor: TaskExecutor,
+) -> dict:
+    work = out_dir / WORK_DIR
     map_dir = work / "map"
-    shards = _plan(cfg, specs, work, _fingerprint(cfg, resolved))
-    ledger = run_map(shards, map_steps, map_dir, cfg.workers)
+    ledger = run_map(shards, map_steps, map_dir, executor)
 
     def entries_of(name: str) -> list[dict[str, Any]]:
         return [e for s in shards if s.spec.name == name for e in iter_entries(s, map_dir)]
@@ -176,7 +200,7 @@ def curate(cfg: DataConfig, out_dir: Path) -> dict:
         if isinstance(step, NearDedup):
             log(f"curate: near-dedup: {params_of(cfg.near_dedup).describe()}")
             parquets = [(s.spec.name, map_dir / f"{s.key}.parquet") for s in shards]
-            step.plan = plan_near_dedup(cfg, parquets, work, resolve_workers(cfg.workers), start_method())
+            step.plan = plan_near_dedup(cfg, parquets, work, executor.workers, "", executor)
             extra["near_dedup"] = step.plan.report
             log(f"curate: near-dedup: {step.plan.report}")
         if isinstance(step, LineDedup):

@@ -10,12 +10,9 @@ uninterrupted one. Memory per worker is bounded by one shard's documents.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import sys
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +24,7 @@ from smelt.data.readers import read_file
 from smelt.data.shards import WorkShard
 from smelt.data.split import split_hash, unit_key
 from smelt.data.steps import DocStep, run_steps
+from smelt.executors import TaskExecutor
 from smelt.progress import log, progress
 
 MAP_SCHEMA = pa.schema(
@@ -42,16 +40,6 @@ MAP_SCHEMA = pa.schema(
     ]
 )
 READ_BATCH = 2048
-
-
-def start_method() -> str:
-    """fork on Linux: works from any script, no `if __name__ == "__main__"` guard needed, and workers
-    touch no lock the parent may hold (no tqdm, no logging, no torch); spawn elsewhere."""
-    return "fork" if sys.platform == "linux" else "spawn"
-
-
-def resolve_workers(workers: int) -> int:
-    return (os.cpu_count() or 1) if workers == 0 else workers
 
 
 def _count_read(docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
@@ -163,8 +151,9 @@ def counts_from_json(data: dict[str, Any]) -> Ledger:
     return ledger
 
 
-def run_map(shards: list[WorkShard], steps: list[DocStep], map_dir: Path, workers: int) -> Ledger:
-    """Process every shard that has no completion marker yet; return the merged counts of all shards."""
+def run_map(shards: list[WorkShard], steps: list[DocStep], map_dir: Path, executor: TaskExecutor) -> Ledger:
+    """Process every shard that has no completion marker yet on the executor; return the merged counts of
+    all shards (the markers' counts for shards done by an earlier run)."""
     map_dir.mkdir(parents=True, exist_ok=True)
     done = {s.key for s in shards if (map_dir / f"{s.key}.done").exists()}
     todo = [s for s in shards if s.key not in done]
@@ -176,25 +165,18 @@ def run_map(shards: list[WorkShard], steps: list[DocStep], map_dir: Path, worker
             total.merge_counts(
                 counts_from_json(json.loads((map_dir / f"{shard.key}.counts.json").read_text()))
             )
-    workers = min(resolve_workers(workers), max(1, len(todo)))
-    todo_bytes = sum(s.bytes for s in todo)
-    if workers == 1:
-        with progress(total=todo_bytes, desc="curate: map", unit="B", unit_scale=True) as bar:
-            for shard in todo:
-                total.merge_counts(map_shard(shard, steps, str(map_dir)))
-                bar.update(shard.bytes)
+    if not todo:
         return total
-    log(f"curate: {len(todo)} work shards on {workers} processes")
-    context = multiprocessing.get_context(start_method())
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        # Submit (and so fork) before the progress bar exists, so no bar thread is alive at fork time.
-        futures = {pool.submit(map_shard, shard, steps, str(map_dir)): shard for shard in todo}
-        try:
-            with progress(total=todo_bytes, desc="curate: map", unit="B", unit_scale=True) as bar:
-                for future in as_completed(futures):
-                    total.merge_counts(future.result())
-                    bar.update(futures[future].bytes)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+    if executor.workers > 1:
+        log(f"curate: {len(todo)} work shards on {executor.workers} {_workers_noun(executor)}")
+    # Start the tasks (and so fork the pool) before the progress bar exists: no bar thread at fork time.
+    results = executor.run(map_shard, [(shard,) for shard in todo], shared=(steps, str(map_dir)))
+    with progress(total=sum(s.bytes for s in todo), desc="curate: map", unit="B", unit_scale=True) as bar:
+        for index, ledger in results:
+            total.merge_counts(ledger)
+            bar.update(todo[index].bytes)
     return total
+
+
+def _workers_noun(executor: TaskExecutor) -> str:
+    return "Ray CPUs" if executor.name == "ray" else "processes"

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ import pyarrow.parquet as pq
 from smelt.config import TokensConfig
 from smelt.documents import open_part
 from smelt.errors import UserError
+from smelt.executors import ProcessPool, TaskExecutor, make_executor
 from smelt.progress import log, progress
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokens.shards import (
@@ -87,18 +87,6 @@ def _encode_in_worker(
 ) -> tuple[np.ndarray, np.ndarray]:
     strings = [t or "" for t in texts.to_pylist()]
     return encode_packed(_WORKER["tokenizer"], strings, eos, bos, np.dtype(dtype))
-
-
-class _Inline(Executor):
-    """The single-worker path: encode in this process."""
-
-    def __init__(self, tokenizer: Tokenizer):
-        _WORKER["tokenizer"] = tokenizer
-
-    def submit(self, fn, /, *args, **kwargs) -> Future:
-        future: Future = Future()
-        future.set_result(fn(*args, **kwargs))
-        return future
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,15 +249,21 @@ def tokenize(
     batches = max(-(-total_docs // cfg.batch_docs), -(-total_bytes // cfg.batch_bytes))
     n_workers = workers if workers is not None else resolve_workers(cfg, batches, total_bytes)
     n_workers = max(1, n_workers)
-    if n_workers > 1:
-        pool: Executor = ProcessPoolExecutor(
+    if n_workers > 1 or cfg.executor != "pool":
+        pool = make_executor(
+            cfg.executor,
             n_workers,
-            mp_context=multiprocessing.get_context("spawn"),
+            address=cfg.ray_address,
+            retries=cfg.retries,
+            key="tokens.executor",
             initializer=_init_worker,
             initargs=(str(tokenizer_dir), 1),
+            start="spawn",
         )
-    else:
-        pool = _Inline(tokenizer)
+        n_workers = pool.workers
+    else:  # one worker: encode in this process
+        _WORKER["tokenizer"] = tokenizer
+        pool = ProcessPool(1)
 
     manifest: dict[str, Any] = {"tokenizer_hash": tokenizer.hash, "dtype": dtype.name, "splits": {}}
     splits: dict[str, Any] = {}
@@ -314,7 +308,7 @@ def tokenize(
             splits[split] = {"sources": split_stats, **_totals(split_stats.values(), cfg.bos)}
     finally:
         bar.close()
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.close()
 
     wall = time.time() - started
     totals = _totals(splits.values(), cfg.bos)
@@ -368,7 +362,9 @@ def _split_by_bytes(
         start = stop
 
 
-def _encode_source(pool: Executor, workers: int, batches, writer: ShardWriter, eos, bos, dtype, bar) -> None:
+def _encode_source(
+    pool: TaskExecutor, workers: int, batches, writer: ShardWriter, eos, bos, dtype, bar
+) -> None:
     """Submit batches to the pool with a bounded window; write results in submission order."""
     window: deque[tuple[Future, np.ndarray]] = deque()
     limit = 2 * workers + 1

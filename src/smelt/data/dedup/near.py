@@ -1,6 +1,7 @@
 """MinHash-LSH near-duplicate removal as a curate step: plan between map and reduce, apply in the reduce.
 
-Plan (`plan_near_dedup`): signatures of each map shard's documents are computed in a process pool and
+Plan (`plan_near_dedup`): signatures of each map shard's documents are computed on the stage's executor
+(a process pool, or Ray tasks) and
 written next to the shard (`<key>.minhash.npy`, atomically, so a resumed run reuses them); band keys go
 to partitioned bucket files (`lsh.BucketFiles`, memory bounded by `data.near_dedup.memory_mb`);
 candidate pairs are verified (`data.near_dedup.verify`: on the signatures, or by true Jaccard of the
@@ -21,10 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from smelt.data.dedup.stores import ShingleStore, SignatureStore, shingle_files,
 from smelt.data.document import Doc, Ledger
 from smelt.data.steps import CorpusStep
 from smelt.errors import ConfigError
+from smelt.executors import ProcessPool, TaskExecutor
 
 FN_WEIGHT = 0.9  # recall matters more than candidates: verification removes the extra candidates
 VERIFY_SLACK = 0.05  # estimator noise at 128 permutations is ~0.03: accept estimates a little below
@@ -123,19 +123,27 @@ class NearDupPlan:
 
 
 def plan_near_dedup(
-    cfg: DataConfig, parquets: list[tuple[str, Path]], work: Path, workers: int, start_method: str
+    cfg: DataConfig,
+    parquets: list[tuple[str, Path]],
+    work: Path,
+    workers: int,
+    start_method: str,
+    executor: TaskExecutor | None = None,
 ) -> NearDupPlan:
-    """Cluster the documents of the map shards (`(source name, parquet)` in canonical order)."""
+    """Cluster the documents of the map shards (`(source name, parquet)` in canonical order); the
+    signatures are computed on `executor`, or else on a process pool of `workers`."""
     nd = cfg.near_dedup
     params = params_of(nd)
     sets = nd.verify == "jaccard"
     jobs = [(str(p), nd.num_perm, nd.ngram, nd.scope, sets) for _, p in parquets]
-    if workers <= 1 or len(jobs) <= 1:
-        counts = [shard_signatures(*job) for job in jobs]
-    else:
-        context = multiprocessing.get_context(start_method)
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-            counts = [f.result() for f in [pool.submit(shard_signatures, *job) for job in jobs]]
+    runner = executor or ProcessPool(min(workers, max(1, len(jobs))), start_method)
+    counts = [0] * len(jobs)
+    try:
+        for index, count in runner.run(shard_signatures, jobs):
+            counts[index] = count
+    finally:
+        if executor is None:
+            runner.close()
     n = sum(counts)
     lsh_dir = work / "lsh"
     partitions = partition_count(n, params.bands, nd.memory_mb << 20)
