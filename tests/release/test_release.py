@@ -12,7 +12,7 @@ import torch
 
 from smelt.errors import UserError
 from smelt.release.build import release_run
-from smelt.release.data_order import check_state, loader_for_run
+from smelt.release.data_order import RunData, check_state, write_data_order
 from smelt.tokens.batches import read_index, replay_step
 
 BATCH_FIELDS = ("inputs", "targets", "doc_ids", "position_ids", "cu_seqlens")
@@ -33,7 +33,7 @@ def test_three_milestones_release_as_revisions_that_load_in_transformers_with_sm
     release = json.loads((released / "release.json").read_text())
     assert [r["revision"] for r in release["revisions"]] == ["step_0000002", "step_0000004", "step_0000006"]
     meta = json.loads((_checkpoint(run_dir, 6) / "meta.json").read_text())
-    batch = loader_for_run(run_dir, meta).global_batch(5)
+    batch = RunData(run_dir, meta).loader.global_batch(5)
     inputs = batch.inputs[:4]
     logits_by_step = {}
     for entry in release["revisions"]:
@@ -63,14 +63,14 @@ def test_three_milestones_release_as_revisions_that_load_in_transformers_with_sm
 def test_the_data_order_replays_the_loaders_batches_token_for_token(tiny_run, released):
     run_dir, _ = tiny_run
     meta = json.loads((_checkpoint(run_dir, 6) / "meta.json").read_text())
-    loader = loader_for_run(run_dir, meta)
+    data = RunData(run_dir, meta)
     index = read_index(released / "data_order")
     covered = [(e["first_step"], e["last_step"]) for e in index["checkpoints"]]
     assert covered == [(1, 2), (3, 4), (5, 6)]
     fim_rows = 0
     for step in range(1, 7):
         replayed = replay_step(released / "data_order", step, run_dir / "tokens")
-        produced = loader.global_batch(step)
+        (produced,) = data.global_batches(step)  # one loader step per optimizer step (no batch ramp)
         for name in BATCH_FIELDS:
             assert torch.equal(getattr(replayed, name), getattr(produced, name)), (step, name)
         assert replayed.sources == produced.sources
@@ -87,11 +87,33 @@ def test_the_data_order_replays_the_loaders_batches_token_for_token(tiny_run, re
 def test_a_checkpoint_whose_saved_loader_state_differs_from_the_rebuilt_plan_is_refused(tiny_run):
     run_dir, _ = tiny_run
     meta = json.loads((_checkpoint(run_dir, 4) / "meta.json").read_text())
-    loader = loader_for_run(run_dir, meta)
-    check_state(loader, meta, "step_0000004")
+    data = RunData(run_dir, meta)
+    check_state(data, meta, "step_0000004")
     meta["loader"]["cursors"] = {name: n + 1 for name, n in meta["loader"]["cursors"].items()}
     with pytest.raises(UserError, match=r"checkpoint step_0000004: the data plan rebuilt .*\(cursors saved"):
-        check_state(loader, meta, "step_0000004")
+        check_state(data, meta, "step_0000004")
+
+
+def test_with_a_batch_ramp_a_step_replays_every_loader_step_it_took(tiny_run, tmp_path):
+    """Under train.batch_ramp_tokens an optimizer step takes several loader steps; its data order rows
+    are theirs, in order. The checkpoints' loader states are the ones the trainer saves (state_dict)."""
+    run_dir, cfg = tiny_run
+    raw = json.loads((_checkpoint(run_dir, 6) / "meta.json").read_text())["config"]
+    raw["train"].update(batch_tokens=1024, batch_ramp_tokens=512, batch_ramp_start=256, tokens=256 * 10)
+    metas = []
+    for step in (2, 4):
+        meta = {"config": raw, "step": step, "world_size": 1}
+        data = RunData(run_dir, meta)
+        data.loader.step = data.loader_step(step)
+        metas.append((step, {**meta, "loader": data.loader.state_dict()}))
+    assert [len(data.loader_steps(k)) for k in (1, 2, 3, 4)] == [1, 2, 4, 3]  # the batch grows
+    index = write_data_order(run_dir, metas, tmp_path, {})
+    assert index["checkpoints"][1]["rows"] == (4 + 3) * 8
+    for step in (1, 2, 3, 4):
+        replayed = replay_step(tmp_path / "data_order", step, run_dir / "tokens")
+        produced = data.global_batches(step)
+        for name in ("inputs", "targets", "doc_ids", "position_ids"):
+            assert torch.equal(getattr(replayed, name), torch.cat([getattr(b, name) for b in produced])), name
 
 
 def test_inspect_batches_replays_a_release_step_with_its_shard_ranges(tiny_run, released, capsys):

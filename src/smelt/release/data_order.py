@@ -18,24 +18,56 @@ from smelt.manifest import hash_file, write_json
 from smelt.tokens.batches import INDEX, ORDER_DIR, index_header, order_file_name, write_order_file
 
 
-def loader_for_run(run_dir: Path, meta: dict[str, Any]) -> Any:
-    """The training loader of the run, from the config the checkpoint recorded (shards sizes verified)."""
-    from smelt.config import config_from_dict
-    from smelt.tokens.loader import TokenLoader
+class RunData:
+    """The run's training loader and batch plan, rebuilt as the trainer built them."""
 
-    if "config" not in meta:
-        raise UserError(
-            f"the checkpoints of {run_dir} do not record their config (meta.json has no 'config'), so their "
-            f"data order cannot be rebuilt; release a run trained by `smelt train`."
+    def __init__(self, run_dir: Path, meta: dict[str, Any]):
+        import dataclasses
+
+        from smelt.config import config_from_dict
+        from smelt.tokens.loader import TokenLoader
+        from smelt.train.batching import batch_plan
+
+        if "config" not in meta:
+            raise UserError(
+                f"the checkpoints of {run_dir} do not record their config (meta.json has no 'config'), so their "
+                f"data order cannot be rebuilt; release a run trained by `smelt train`."
+            )
+        cfg = config_from_dict(meta["config"], origin=f"{run_dir} checkpoint meta.json")
+        world_size = int(meta.get("world_size") or 1)
+        self.plan = batch_plan(cfg.train, world_size)
+        # With a batch ramp the loader's step is the starting batch and an optimizer step takes several.
+        loader_cfg = dataclasses.replace(
+            cfg, train=dataclasses.replace(cfg.train, batch_tokens=self.plan.loader_batch_tokens)
         )
-    cfg = config_from_dict(meta["config"], origin=f"{run_dir} checkpoint meta.json")
-    return TokenLoader.from_config(cfg, run_dir / "tokens", run_dir / "tokenizer", verify="size")
+        self.loader = TokenLoader.from_config(
+            loader_cfg, run_dir / "tokens", run_dir / "tokenizer", world_size=world_size, verify="size"
+        )
+
+    def loader_step(self, step: int) -> int:
+        """Loader steps consumed after optimizer step `step`."""
+        if not self.plan.units or step == 0:
+            return step
+        return self.plan._consumed[step - 1]
+
+    def loader_steps(self, step: int) -> range:
+        """The loader steps optimizer step `step` trained on."""
+        return range(self.loader_step(step - 1) + 1, self.loader_step(step) + 1)
+
+    def global_batches(self, step: int) -> list[Any]:
+        """What the loader produced for optimizer step `step`: one global batch per loader step."""
+        return [self.loader.global_batch(u) for u in self.loader_steps(step)]
 
 
-def check_state(loader: Any, meta: dict[str, Any], name: str) -> None:
+def loader_for_run(run_dir: Path, meta: dict[str, Any]) -> RunData:
+    return RunData(run_dir, meta)
+
+
+def check_state(data: RunData, meta: dict[str, Any], name: str) -> None:
     """A UserError when the rebuilt loader is not the one whose state checkpoint `name` saved."""
+    loader = data.loader
     state = meta.get("loader") or {}
-    step = int(meta.get("step", state.get("step", -1)))
+    step = data.loader_step(int(meta.get("step", -1)))
     expected = {
         "step": step,
         "split": loader.split,
@@ -68,7 +100,8 @@ def write_data_order(
     Returns the index. `shards_json` is the tokens stage's shards.json, for each shard's sha256.
     """
     order_dir = out_dir / ORDER_DIR
-    loader = loader_for_run(run_dir, checkpoints[-1][1])
+    data = RunData(run_dir, checkpoints[-1][1])
+    loader = data.loader
     index = index_header(loader)
     index["tokens_dir"] = str((run_dir / "tokens").resolve())
     recorded = shards_json.get("splits", {}).get(loader.split, {})
@@ -80,20 +113,20 @@ def write_data_order(
     entries = []
     previous = 0
     for step, meta in checkpoints:
-        check_state(loader, meta, f"step_{step:07d}")
+        check_state(data, meta, f"step_{step:07d}")
         path = order_dir / order_file_name(step)
-        before = loader.cursors(previous)
-        rows = write_order_file(loader, previous + 1, step, path)
+        before, after = loader.cursors(data.loader_step(previous)), loader.cursors(data.loader_step(step))
+        steps = [(k, data.loader_steps(k)) for k in range(previous + 1, step + 1)]
         entries.append(
             {
                 "step": step,
                 "first_step": previous + 1,
                 "last_step": step,
-                "rows": rows,
-                "tokens": (step - previous) * loader.batch_size * loader.seq_len,
-                "tokens_by_source": {
-                    name: (now - before[name]) * loader.seq_len for name, now in loader.cursors(step).items()
-                },
+                "rows": write_order_file(loader, steps, path),
+                "tokens": (data.loader_step(step) - data.loader_step(previous))
+                * loader.batch_size
+                * loader.seq_len,
+                "tokens_by_source": {name: (after[name] - before[name]) * loader.seq_len for name in after},
                 "file": path.name,
                 "sha256": hash_file(path),
             }

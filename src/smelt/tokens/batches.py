@@ -117,16 +117,21 @@ def step_rows(loader: Any, step: int) -> list[dict[str, Any]]:
     return rows
 
 
-def write_order_file(loader: Any, first_step: int, last_step: int, path: Path) -> int:
-    """Write the rows of steps first_step..last_step to `path` (gzip JSONL, byte-identical on every
-    run: no timestamp or name in the gzip header). Returns the number of rows."""
+def write_order_file(loader: Any, steps: list[tuple[int, range]], path: Path) -> int:
+    """Write the rows of each (optimizer step, its loader steps) to `path` (gzip JSONL, byte-identical on
+    every run: no timestamp or name in the gzip header). Without a batch-size ramp an optimizer step is
+    one loader step; with one it takes several, whose rows follow each other. Returns the rows written."""
     buffer = io.BytesIO()
     count = 0
     with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as out:
-        for step in range(first_step, last_step + 1):
-            for row in step_rows(loader, step):
-                out.write((json.dumps(row, separators=(",", ":")) + "\n").encode())
-                count += 1
+        for step, loader_steps in steps:
+            row_number = 0
+            for loader_step in loader_steps:
+                for row in step_rows(loader, loader_step):
+                    row.update(step=step, row=row_number)
+                    out.write((json.dumps(row, separators=(",", ":")) + "\n").encode())
+                    row_number += 1
+                    count += 1
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(buffer.getvalue())
     return count
