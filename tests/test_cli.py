@@ -204,3 +204,15 @@ def test_mixture_example_reads_the_shared_corpus_from_smelt_shared_data(monkeypa
     monkeypatch.setenv("SMELT_SHARED_DATA", "/data/shared")
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "mixture.toml")
     assert [s.root for s in cfg.data.sources] == ["/data/shared/corpus/prose", "/data/shared/corpus/code"]
+
+
+def test_building_the_parser_imports_no_torch():
+    # `smelt --help` and a usage error must stay instant: command modules import torch in handlers only.
+    code = "import sys; from smelt.cli import build_parser; build_parser(); print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+def test_every_command_names_its_handler():
+    for words, parser in command_parsers().items():
+        assert callable(parser.get_default("func")), f"`smelt {words}` has no handler"

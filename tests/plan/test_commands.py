@@ -67,11 +67,6 @@ def test_scaling_fit_user_errors(tmp_path, cli, capsys, argv, needle):
     assert needle in capsys.readouterr().err
 
 
-def test_run_returns_none_for_other_commands():
-    assert commands.run(argparse.Namespace(command="train")) is None
-    assert commands.run(argparse.Namespace(command="plan", plan_command="model")) is None
-
-
 def test_number_parser_accepts_suffixes():
     assert (
         commands.number("2T") == 2e12

@@ -205,5 +205,6 @@ def test_cli_passes_resume_from_to_the_first_attempt_only():
         ["train", "pipeline.toml", "--resume-from", "300", "--max-restarts", "2"]
     )
     assert args.resume_from == 300
-    first, restart = child_command(args, first=True), child_command(args, first=False)
+    first = child_command(args.config, args.overrides, first=True, resume_from=args.resume_from)
+    restart = child_command(args.config, args.overrides, first=False, resume_from=args.resume_from)
     assert first[-2:] == ["--resume-from", "300"] and "--resume-from" not in restart

@@ -9,7 +9,6 @@ RUN/averaged/step_NNNNNNN-avgK), where training's resume and retention never see
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -351,20 +350,17 @@ def default_out(checkpoints_dir: Path, sources: list[Path], ema_decay: float | N
     return run / "averaged" / f"{last}-{label}"
 
 
-def run(args: argparse.Namespace) -> int:
-    """`smelt checkpoint list|verify|average` (the parsers are in smelt.cli)."""
-    action = args.checkpoint_command
-    if action == "list":
-        print(list_table(args.run, verify=args.verify))
-        return 0
-    if action == "verify":
-        print(verify(args.run, step=args.step, every=args.all))
-        return 0
-    checkpoints_dir = checkpoints_dir_of(args.run)
-    sources = select(checkpoints_dir, last=args.last, steps=args.steps)
-    out = Path(args.out) if args.out else default_out(checkpoints_dir, sources, args.ema)
-    summary = average_checkpoints(sources, out, ema_decay=args.ema, force=args.force)
-    kind = f"EMA (decay {args.ema:g})" if args.ema is not None else "uniform average"
-    print(f"{kind} of steps {', '.join(map(str, summary['sources']))} -> {out}")
-    print("a weights-only checkpoint: evaluate or export it by its directory; it cannot be resumed")
-    return 0
+def average_run(
+    run: str | Path,
+    last: int | None,
+    steps: list[int] | None,
+    ema_decay: float | None,
+    out: str | Path | None,
+    force: bool = False,
+) -> tuple[Path, dict[str, Any]]:
+    """`smelt checkpoint average RUN`: average the chosen checkpoints of RUN into `out` (default:
+    RUN/averaged/<last step>-avgN); returns where it went and the summary."""
+    checkpoints_dir = checkpoints_dir_of(run)
+    sources = select(checkpoints_dir, last=last, steps=steps)
+    target = Path(out) if out else default_out(checkpoints_dir, sources, ema_decay)
+    return target, average_checkpoints(sources, target, ema_decay=ema_decay, force=force)

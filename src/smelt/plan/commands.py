@@ -1,8 +1,4 @@
-"""The planning commands: `smelt plan budget|memory|batch`, `smelt scaling fit`, `smelt ladder`.
-
-cli.py hooks them in with two calls: `add_parsers(sub, plan_sub)` while it builds its parser, and
-`run(args)` at the top of its dispatch, which returns None for any command that is not one of these.
-"""
+"""The planning commands: `smelt plan model|budget|memory|batch`, `smelt scaling fit`, `smelt ladder`."""
 
 from __future__ import annotations
 
@@ -13,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from smelt.arguments import group
 from smelt.errors import UserError
 from smelt.summary import print_table
 
@@ -42,9 +39,29 @@ def _pair(text: str) -> tuple[float, float]:
     return number(parts[0]), number(parts[1])
 
 
-def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersAction) -> None:
-    """Add `plan budget|memory|batch` under `plan`, and the top-level `scaling fit` and `ladder`."""
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """`plan model|budget|memory|batch` under `plan`, and the top-level `scaling fit` and `ladder`."""
     from smelt.plan.budget import GPUS
+
+    sub = subparsers
+    plan_sub = group(
+        sub,
+        "plan",
+        "sizes, FLOPs and memory before spending compute",
+        "Planning commands.",
+        "plan_command",
+        "WHAT",
+    )
+    p = plan_sub.add_parser(
+        "model",
+        help="parameters, FLOPs per token, KV cache and weight memory of a preset",
+        description="Describe a model preset: parameters (total, non-embedding), training "
+        "FLOPs per token (6N + 12 L d s), KV-cache bytes per token, weight memory.",
+    )
+    p.add_argument("preset", help="preset name, e.g. llama-1b")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the preset's)")
+    p.add_argument("--vocab-size", type=int, default=32_768, help="vocabulary size (default: 32768)")
+    p.set_defaults(func=_model)
 
     gpu_names = ", ".join(GPUS)
     p = plan_sub.add_parser(
@@ -70,6 +87,7 @@ def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersA
     p.add_argument("--unique-tokens", type=number, help="unique tokens in the data (warns past 4 epochs)")
     p.add_argument("--batch-tokens", type=number, help="planned global batch (warns far above critical)")
     p.add_argument("--json", dest="json_out", help="also write the plan as JSON to this path")
+    p.set_defaults(func=_budget)
 
     p = plan_sub.add_parser(
         "memory",
@@ -107,6 +125,7 @@ def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersA
     p.add_argument("--global-batch-tokens", type=number, help="target global batch (default ~4M tokens)")
     p.add_argument("--headroom", type=float, default=0.10, help="memory kept free (default 0.10)")
     p.add_argument("--json", dest="json_out", help="also write the result as JSON to this path")
+    p.set_defaults(func=_memory)
 
     p = plan_sub.add_parser(
         "batch",
@@ -118,6 +137,7 @@ def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersA
     p.add_argument("--new-batch-tokens", type=number, help="new global batch in tokens")
     p.add_argument("--lr", type=float, help="current peak learning rate")
     p.add_argument("--loss", type=float, help="current (or expected) loss in nats/token")
+    p.set_defaults(func=_batch)
 
     scaling = sub.add_parser("scaling", help="fit scaling laws", description="Scaling-law commands.")
     actions = scaling.add_subparsers(dest="scaling_command", metavar="ACTION", required=True)
@@ -146,6 +166,7 @@ def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersA
     p.add_argument(
         "--out", help="output directory (default: DIR/scaling_fit for one directory, else ./scaling_fit)"
     )
+    p.set_defaults(func=_scaling_fit)
 
     p = sub.add_parser(
         "ladder",
@@ -171,21 +192,14 @@ def add_parsers(sub: argparse._SubParsersAction, plan_sub: argparse._SubParsersA
     p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per rung in emitted commands")
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples of the fit after --run")
     p.add_argument("--force", action="store_true", help="retrain rungs that are up to date")
+    p.set_defaults(func=_ladder)
 
 
-def run(args: argparse.Namespace) -> int | None:
-    """Run one of the planning commands; None when `args` is another command."""
-    command = getattr(args, "command", None)
-    if command == "plan":
-        handler = {"budget": _budget, "memory": _memory, "batch": _batch}.get(
-            getattr(args, "plan_command", "")
-        )
-        return handler(args) if handler else None
-    if command == "scaling":
-        return _scaling_fit(args)
-    if command == "ladder":
-        return _ladder(args)
-    return None
+def _model(args: argparse.Namespace) -> int:
+    from smelt.model.plan import describe_preset
+
+    print_table(describe_preset(args.preset, seq_len=args.seq_len, vocab_size=args.vocab_size))
+    return 0
 
 
 def _write_json(path: str | None, value: Any) -> None:

@@ -1,8 +1,4 @@
-"""The report commands: `smelt report RUN [RUN ...]` and `smelt decide TITLE --runs ... --metric M`.
-
-cli.py hooks them in with two calls: `add_parsers(sub)` while it builds its parser, and `run(args)` in
-its dispatch, which returns None for any command that is not one of these.
-"""
+"""The report commands: `smelt report RUN [RUN ...]` and `smelt decide TITLE --runs ... --metric M`."""
 
 from __future__ import annotations
 
@@ -12,7 +8,8 @@ from pathlib import Path
 from smelt.progress import log
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    sub = subparsers
     p = sub.add_parser(
         "report",
         help="HTML report of one run, or a comparison of several",
@@ -40,6 +37,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="decision log (default: decisions.jsonl next to the run)",
     )
+    p.set_defaults(func=_report)
 
     p = sub.add_parser(
         "decide",
@@ -56,16 +54,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--log", default=None, metavar="FILE", help="decision log (default: decisions.jsonl next to the runs)"
     )
-
-
-def run(args: argparse.Namespace) -> int | None:
-    """Run `report` or `decide`; None when `args` is another command."""
-    command = getattr(args, "command", None)
-    if command == "report":
-        return _report(args)
-    if command == "decide":
-        return _decide(args)
-    return None
+    p.set_defaults(func=_decide)
 
 
 def _report(args: argparse.Namespace) -> int:

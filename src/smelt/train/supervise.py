@@ -16,7 +16,6 @@ stage's ordinary resume, and every restart after it, starts from STEP.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -206,26 +205,28 @@ def supervise(
     return outcome
 
 
-def child_command(args: argparse.Namespace, first: bool) -> list[str]:
-    """The `smelt train` command line of one attempt, rebuilt from the parsed arguments.
+def child_command(
+    config: str | Path,
+    overrides: Sequence[str],
+    first: bool,
+    force: bool = False,
+    restart: bool = False,
+    resume_from: int | None = None,
+) -> list[str]:
+    """The `smelt train` command line of one attempt.
 
-    Without the supervisor's own flags; --force and --resume-from only on the first attempt (a
-    restart must continue the run from its newest checkpoint, never start it over or rewind it);
-    `--resume auto` on restarts when the train command knows it.
+    --force, --restart and --resume-from only on the first attempt: a restart must continue the run
+    from its newest checkpoint, never start it over or rewind it.
     """
-    argv = [sys.executable, "-m", "smelt.cli", "train", str(args.config)]
-    for item in args.overrides:
+    argv = [sys.executable, "-m", "smelt.cli", "train", str(config)]
+    for item in overrides:
         argv += ["--set", item]
-    if first and args.force:
+    if first and force:
         argv.append("--force")
-    if first and getattr(args, "restart", False):
+    if first and restart:
         argv.append("--restart")
-    if first and getattr(args, "resume_from", None) is not None:
-        argv += ["--resume-from", str(args.resume_from)]
-    if hasattr(args, "resume"):
-        resume = args.resume if first else "auto"
-        if resume:
-            argv += ["--resume", str(resume)]
+    if first and resume_from is not None:
+        argv += ["--resume-from", str(resume_from)]
     return argv
 
 
@@ -262,8 +263,16 @@ def prepare_resume_from(cfg: Config, step: int, restart: bool = False) -> list[P
     return moved
 
 
-def run_supervised(args: argparse.Namespace) -> int:
-    """The CLI entry: `smelt train CONFIG --max-restarts N [--restart-backoff S]`."""
+def run_supervised(
+    config: str | Path,
+    overrides: Sequence[str],
+    max_restarts: int,
+    backoff_base_s: float = DEFAULT_BACKOFF_S,
+    force: bool = False,
+    restart: bool = False,
+    resume_from: int | None = None,
+) -> int:
+    """`smelt train CONFIG --max-restarts N [--restart-backoff S]`: train in a supervised child."""
     from smelt.config import load_config
     from smelt.pipeline import stage_dir
 
@@ -272,15 +281,16 @@ def run_supervised(args: argparse.Namespace) -> int:
             "--max-restarts supervises a single-process run; under torchrun use torchrun's own "
             "--max-restarts (the train stage resumes from the latest checkpoint on each restart)."
         )
-    cfg = load_config(args.config, args.overrides)  # bad config: fail here, before any launch
+    cfg = load_config(config, list(overrides))  # bad config: fail here, before any launch
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    flags = {"force": force, "restart": restart, "resume_from": resume_from}
     outcome = supervise(
-        child_command(args, first=True),
+        child_command(config, overrides, first=True, **flags),
         stage_dir(cfg, "train") / "checkpoints",
         cfg.run_dir / RESTARTS_LOG,
-        args.max_restarts,
-        backoff_base_s=args.restart_backoff,
-        restart_command=child_command(args, first=False),
+        max_restarts,
+        backoff_base_s=backoff_base_s,
+        restart_command=child_command(config, overrides, first=False, **flags),
     )
     return outcome.exit_code
 

@@ -1,0 +1,127 @@
+"""The checkpoint commands: `smelt export hf` and `smelt checkpoint list|verify|average`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from smelt.arguments import group
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    formats = group(
+        subparsers,
+        "export",
+        "export a checkpoint for other tools",
+        "Export commands.",
+        "export_format",
+        "FORMAT",
+    )
+    p = formats.add_parser(
+        "hf",
+        help="a Hugging Face folder (config.json, model.safetensors, tokenizer)",
+        description="Write RUN/export/hf/, which transformers loads with "
+        "AutoModelForCausalLM and AutoTokenizer.",
+    )
+    p.add_argument("run", help="run directory, e.g. runs/quickstart")
+    p.add_argument(
+        "--checkpoint", default="latest", help="latest (default), a step number or a checkpoint directory"
+    )
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--out", default=None, help="output folder (default: RUN/export/hf)")
+    p.set_defaults(func=_export_hf)
+
+    actions = group(
+        subparsers,
+        "checkpoint",
+        "list, verify and average checkpoints",
+        "Checkpoint commands.",
+        "checkpoint_command",
+        "ACTION",
+    )
+    p = actions.add_parser(
+        "list",
+        help="every checkpoint of a run: step, tokens, size, committed, milestone",
+        description="Table of RUN/train/checkpoints: step, tokens seen, size on disk, whether the save "
+        "committed, milestone, weights-only; --verify also checks every file's sha256.",
+    )
+    p.add_argument("run", help="run directory (or its train/checkpoints folder)")
+    p.add_argument("--verify", action="store_true", help="check every checksum (reads every file)")
+    p.set_defaults(func=_list)
+
+    p = actions.add_parser(
+        "verify",
+        help="check a checkpoint's files against their sha256 (exit 2 naming a damaged file)",
+        description="Verify the latest committed checkpoint of RUN (or --step S, or --all, or RUN "
+        "itself when it is a checkpoint directory); exit code 2 names the first damaged file.",
+    )
+    p.add_argument("run", help="run directory, its train/checkpoints folder, or one checkpoint directory")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, default=None, help="the checkpoint of this step")
+    which.add_argument("--all", action="store_true", help="every committed checkpoint")
+    p.set_defaults(func=_verify)
+
+    p = actions.add_parser(
+        "average",
+        help="average the weights of several checkpoints into a new weights-only checkpoint",
+        description="Uniform average (or, with --ema, an exponential moving average in step order) of the "
+        "model weights of the last N or the chosen checkpoints, written as a new committed checkpoint "
+        "without optimizer state (default: RUN/averaged/step_NNNNNNN-avgN), for eval and export.",
+    )
+    p.add_argument("run", help="run directory (or its train/checkpoints folder)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--last", type=int, metavar="N", help="the N newest checkpoints")
+    which.add_argument("--steps", type=int, nargs="+", metavar="STEP", help="these steps")
+    p.add_argument("--ema", type=float, default=None, metavar="DECAY", help="EMA with this decay, e.g. 0.9")
+    p.add_argument("--out", default=None, help="checkpoint directory to write")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=_average)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from smelt.checkpoint.tools import list_table
+
+    print(list_table(args.run, verify=args.verify))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from smelt.checkpoint.tools import verify
+
+    print(verify(args.run, step=args.step, every=args.all))
+    return 0
+
+
+def _average(args: argparse.Namespace) -> int:
+    from smelt.checkpoint.tools import average_run
+
+    out, summary = average_run(args.run, args.last, args.steps, args.ema, args.out, args.force)
+    kind = f"EMA (decay {args.ema:g})" if args.ema is not None else "uniform average"
+    print(f"{kind} of steps {', '.join(map(str, summary['sources']))} -> {out}")
+    print("a weights-only checkpoint: evaluate or export it by its directory; it cannot be resumed")
+    return 0
+
+
+def _export_hf(args: argparse.Namespace) -> int:
+    from smelt.checkpoint import latest_checkpoint
+    from smelt.errors import UserError
+    from smelt.model.hf import export_hf
+    from smelt.summary import flat, print_table
+
+    run = Path(args.run)
+    checkpoints = run / "train" / "checkpoints"
+    if args.checkpoint == "latest":
+        checkpoint = latest_checkpoint(checkpoints)
+    elif args.checkpoint.isdigit():
+        checkpoint = checkpoints / f"step_{int(args.checkpoint):07d}"
+    else:  # a checkpoint directory, e.g. one written by `smelt checkpoint average`
+        checkpoint = Path(args.checkpoint)
+    if checkpoint is None or not (checkpoint / "COMMITTED").is_file():
+        raise UserError(
+            f"no committed checkpoint {args.checkpoint!r} under {checkpoints}. Train the run first "
+            f"(`smelt run CONFIG`), or pass --checkpoint latest or a step listed there."
+        )
+    out = Path(args.out) if args.out else run / "export" / "hf"
+    summary = export_hf(checkpoint, run / "tokenizer", out, dtype=args.dtype)
+    print_table([(k, v) for k, v in flat(summary).items()])
+    return 0

@@ -1,0 +1,74 @@
+"""The token commands: `smelt tokenize`, `smelt inspect shards` and `smelt inspect batches`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from smelt.arguments import add_config_args, group
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "tokenize",
+        help="documents -> token shards",
+        description="Encode every split and source into tokens/<split>/<source>/NNNNN.bin + .idx.",
+    )
+    add_config_args(p)
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
+    p.set_defaults(func=_tokenize)
+
+    looks = group(
+        subparsers, "inspect", "look inside artifacts", "Inspection commands.", "inspect_command", "WHAT"
+    )
+    p = looks.add_parser(
+        "shards",
+        help="decode a window of a token shard with document boundaries marked",
+        description="Decode tokens of one shard, marking where each document begins, and "
+        "summarize token frequencies.",
+    )
+    p.add_argument("tokens", help="tokens directory of a run, e.g. runs/quickstart/tokens")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: the run's)")
+    p.add_argument("--split", default="train")
+    p.add_argument("--source", required=True, help="source name")
+    p.add_argument("--shard", type=int, default=0)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--length", type=int, default=256)
+    p.set_defaults(func=_inspect_shards)
+
+    p = looks.add_parser(
+        "batches",
+        help="decode what the model sees at a training step, with sources and document boundaries",
+        description="Rebuild the loader of CONFIG (mixture, curriculum, shuffle, packing) and decode the "
+        "global batch of step N: the source of every row and where each document starts.",
+    )
+    add_config_args(p, force=False)
+    p.add_argument("--step", type=int, required=True, help="optimizer step (1 is the first)")
+    p.add_argument("--rows", type=int, default=8, help="rows of the global batch to show (0: all)")
+    p.set_defaults(func=_inspect_batches)
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from smelt.pipeline_commands import run_stage_command
+
+    overrides = list(args.overrides)
+    if args.workers is not None:
+        overrides.append(f"tokens.workers={args.workers}")
+    return run_stage_command("tokenize", args.config, overrides, args.force)
+
+
+def _inspect_shards(args: argparse.Namespace) -> int:
+    from smelt.tokens.inspect import describe_window
+
+    tokens = Path(args.tokens)
+    tokenizer = Path(args.tokenizer) if args.tokenizer else tokens.parent / "tokenizer"
+    print(describe_window(tokens, args.split, args.source, args.shard, args.start, args.length, tokenizer))
+    return 0
+
+
+def _inspect_batches(args: argparse.Namespace) -> int:
+    from smelt.config import load_config
+    from smelt.tokens.inspect import describe_batch
+
+    print(describe_batch(load_config(args.config, args.overrides), args.step, rows=args.rows))
+    return 0

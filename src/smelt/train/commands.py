@@ -1,0 +1,109 @@
+"""The training commands: `smelt train` (pilot checks, resume, forks, supervised restarts) and
+`smelt anneal` (forks of a stable checkpoint, each on its own mixture)."""
+
+from __future__ import annotations
+
+import argparse
+
+from smelt.arguments import add_config_args
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    from smelt.pipeline_commands import add_fork_and_restart_args
+
+    p = subparsers.add_parser(
+        "train",
+        help="train the model on the token shards",
+        description="Train [model] with [train] on tokens/train; writes train/metrics.jsonl and "
+        "train/checkpoints/step_NNNNNNN/.",
+    )
+    add_config_args(p)
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="pilot checks instead of training: step-0 loss ~ ln V, every parameter gets a "
+        "gradient, a fixed batch overfits, two same-seed runs are identical",
+    )
+    p.add_argument(
+        "--resume-from",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="continue an interrupted run from its checkpoint of STEP instead of the newest valid "
+        "one; later checkpoints move to train/checkpoints/superseded/ (kept)",
+    )
+    add_fork_and_restart_args(p)
+    p.set_defaults(func=_train)
+
+    p = subparsers.add_parser(
+        "anneal",
+        help="fork N anneals from a stable checkpoint, each on its own mixture, and compare them",
+        description="From RUN[:STEP], train one fork per --variant with the parent's weights and optimizer "
+        "moments and the LR decaying linearly to zero over --decay-tokens; evaluate the stable checkpoint "
+        "and every anneal; write RUN/anneals/anneal-step_N.{json,html} and a decision record.",
+    )
+    add_config_args(p)
+    p.add_argument("--from", dest="parent", required=True, metavar="RUN[:STEP]", help="stable checkpoint")
+    p.add_argument("--decay-tokens", type=int, required=True, metavar="D", help="tokens of each anneal")
+    p.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        metavar="NAME [KEY=VALUE ...]",
+        help='one anneal: its name, then its overrides, e.g. --variant code "tokens.mixture={code=0.6, prose=0.4}"',
+    )
+    p.add_argument("--soup", action="store_true", help="also average the endpoints and evaluate the soup")
+    p.add_argument(
+        "--restart", action="store_true", help="retrain variants whose plan changed (old moved aside)"
+    )
+    p.set_defaults(func=_anneal)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from smelt.pipeline_commands import run_stage_command, with_init_from
+
+    overrides = with_init_from(args.overrides, args.init_from)
+    if args.check:
+        return _train_check(args.config, overrides)
+    if args.max_restarts:
+        from smelt.train.supervise import run_supervised
+
+        return run_supervised(
+            args.config,
+            overrides,
+            args.max_restarts,
+            args.restart_backoff,
+            force=args.force,
+            restart=args.restart,
+            resume_from=args.resume_from,
+        )
+    return run_stage_command(
+        "train", args.config, overrides, args.force, restart=args.restart, resume_from=args.resume_from
+    )
+
+
+def _train_check(config: str, overrides: list[str]) -> int:
+    from smelt.config import load_config
+    from smelt.train.check import pilot_checks
+
+    cfg = load_config(config, overrides)
+    rows = pilot_checks(cfg, cfg.run_dir / "tokens", cfg.run_dir / "tokenizer")
+    width = max(len(name) for name, _, _ in rows)
+    for name, passed, detail in rows:
+        print(f"{name:<{width}}  {'PASS' if passed else 'FAIL'}  {detail}")
+    failed = [name for name, passed, _ in rows if not passed]
+    print(f"\n{len(rows) - len(failed)} of {len(rows)} checks passed")
+    return 1 if failed else 0
+
+
+def _anneal(args: argparse.Namespace) -> int:
+    from smelt.anneal import parse_variants, run_anneals, table
+    from smelt.summary import print_table
+
+    comparison = run_anneals(
+        args.config, args.overrides, args.parent, args.decay_tokens, parse_variants(args.variant),
+        soup=args.soup, restart=args.restart, force=args.force,
+    )  # fmt: skip
+    print_table(table(comparison))
+    print(f"\ncomparison: {comparison['report']}")
+    return 0
