@@ -51,7 +51,9 @@ from smelt.data.sources import resolve_all
 from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
 from smelt.data.stats import KeptStats, build_stats, loss_warnings, removed_chars, warning_text
 from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
+from smelt.data.urls import local_path, url_protocol
 from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
+from smelt.errors import UserError
 from smelt.executors import TaskExecutor, make_executor
 from smelt.manifest import write_json
 from smelt.progress import log, progress
@@ -59,7 +61,7 @@ from smelt.progress import log, progress
 WORK_DIR = "_work"
 MIN_SHARD_BYTES = 1 << 20
 # Keys that decide where tasks run, never what they produce: a run resumes across a change of them.
-PLACEMENT_KEYS = ("workers", "executor", "ray_address", "retries")
+PLACEMENT_KEYS = ("workers", "executor", "ray_address", "retries", "url_cache")
 
 
 def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -139,9 +141,17 @@ def _plan(
     return shards
 
 
-def curate(cfg: DataConfig, out_dir: Path) -> dict:
-    """Run the curation; write documents; return the stats dict (also written to out_dir/stats.json)."""
-    out_dir = Path(out_dir)
+def curate(cfg: DataConfig, out_dir: Path | str) -> dict:
+    """Run the curation; write documents; return the stats dict (also written to out_dir/stats.json).
+    `out_dir` may be a file:// URL; the map tasks write under it, so on a cluster it is a path every node
+    shares."""
+    if url_protocol(str(out_dir)) not in (None, "file"):
+        raise UserError(
+            f"the documents directory {str(out_dir)!r} is a remote URL; curate writes to a local or shared "
+            f"filesystem path (or a file:// URL). Point the run directory there and copy the documents "
+            f"to the store afterwards."
+        )
+    out_dir = Path(local_path(str(out_dir)))
     check_units(cfg)
     check_scope(cfg.near_dedup)
     resolved = resolve_all(cfg)

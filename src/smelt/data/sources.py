@@ -10,6 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from smelt.config import DataConfig, SourceConfig
+from smelt.data.urls import local_source
 from smelt.errors import UserError
 
 STDLIB = "{stdlib}"
@@ -137,4 +138,10 @@ def resolve_all(cfg: DataConfig) -> dict[str, tuple[Path, list[Path]]]:
             'with name, format, root and include, e.g. name = "stdlib", format = "text", '
             'root = "{stdlib}", include = ["**/*.py"].'
         )
-    return {source.name: source_files(source) for source in cfg.sources}
+    # A root given as a URL becomes a local path first: file:// its path, a remote store its mirror.
+    local = [local_source(source, cfg.url_cache, _wanted(source)) for source in cfg.sources]
+    return {source.name: source_files(source) for source in local}
+
+
+def _wanted(source: SourceConfig):
+    return lambda rel: matches(rel, source.include) and not matches(rel, source.exclude)

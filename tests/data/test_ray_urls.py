@@ -1,0 +1,89 @@
+"""Source roots and the documents directory given as URLs (fsspec): file://, and a remote store
+(fsspec's in-memory filesystem stands in for s3:// or gs://, whose packages are not installed here)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from smelt.config import DataConfig, SourceConfig
+from smelt.data.curate import curate
+from smelt.data.urls import mirror_dir
+from smelt.errors import UserError
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _config(root: str, cache: Path) -> DataConfig:
+    source = SourceConfig(name="speeches", root=root, include=["**/*.txt"], exclude=["skip/*"])
+    return DataConfig(sources=[source], min_chars=64, val_fraction=0.2, workers=1, url_cache=str(cache))
+
+
+@pytest.fixture
+def speeches(shared_data, tmp_path) -> Path:
+    """Eight real inaugural addresses in two folders, and one file the exclude pattern leaves out."""
+    root = tmp_path / "speeches"
+    files = sorted((shared_data / "corpus/prose/nltk_inaugural").glob("18*.txt"))[:8]
+    for i, path in enumerate(files):
+        target = root / ("early" if i < 4 else "late") / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    (root / "skip").mkdir()
+    shutil.copyfile(files[0], root / "skip" / "copy.txt")
+    return root
+
+
+def test_file_urls_read_and_write_like_paths(speeches, tmp_path):
+    by_path = curate(_config(str(speeches), tmp_path / "cache"), tmp_path / "by_path")
+    by_url = curate(_config(speeches.as_uri(), tmp_path / "cache"), (tmp_path / "by_url").as_uri())
+    assert by_path["documents_in"] == 8
+    assert _tree(tmp_path / "by_url") == _tree(tmp_path / "by_path") and by_url == by_path
+    assert not (tmp_path / "cache").exists()  # local files are read where they are, never copied
+
+
+def test_remote_root_is_mirrored_and_refetched_only_when_changed(speeches, tmp_path, monkeypatch):
+    memory = fsspec.filesystem("memory")
+    url = f"memory://smelt-test-{tmp_path.name}/corpus"
+    for path in sorted(p for p in speeches.rglob("*") if p.is_file()):
+        memory.pipe(f"{url}/{path.relative_to(speeches).as_posix()}", path.read_bytes())
+    cache = tmp_path / "cache"
+    local = curate(_config(str(speeches), cache), tmp_path / "local")
+    remote = curate(_config(url, cache), tmp_path / "remote")
+    assert _tree(tmp_path / "remote") == _tree(tmp_path / "local") and remote == local
+    mirror = mirror_dir(str(cache), url)
+    assert sorted(p.relative_to(mirror).as_posix() for p in mirror.rglob("*") if p.is_file()) == sorted(
+        p.relative_to(speeches).as_posix() for p in speeches.rglob("*.txt") if p.parent.name != "skip"
+    )
+
+    fetched: list[str] = []
+    get_file = type(memory).get_file
+    monkeypatch.setattr(
+        type(memory),
+        "get_file",
+        lambda fs, src, dst, **kw: fetched.append(src) or get_file(fs, src, dst, **kw),
+    )
+    first = sorted(speeches.rglob("early/*.txt"))[0].relative_to(speeches).as_posix()
+    memory.pipe(f"{url}/{first}", b"A new address, long enough to be kept by the length filter. " * 3)
+    last = sorted(speeches.rglob("late/*.txt"))[-1].relative_to(speeches).as_posix()
+    memory.rm(f"{url}/{last}")
+    again = curate(_config(url, cache), tmp_path / "again")
+    assert [f.rsplit("/", 1)[-1] for f in fetched] == [first.rsplit("/", 1)[-1]]  # only the changed file
+    assert again["documents_in"] == 7 and not (mirror / last).exists()  # a deleted file leaves the mirror
+
+
+def test_url_user_errors(tmp_path):
+    with pytest.raises(
+        UserError, match=r"source 'speeches': root 's3://bucket/crawl' needs the fsspec .*s3fs"
+    ):
+        curate(_config("s3://bucket/crawl", tmp_path / "cache"), tmp_path / "out")
+    with pytest.raises(UserError, match=r"names the host 'otherhost'; a file:// URL must name a local path"):
+        curate(_config("file://otherhost/data", tmp_path / "cache"), tmp_path / "out")
+    with pytest.raises(UserError, match=r"root 'memory://nothing-here' has no files \(or does not exist\)"):
+        curate(_config("memory://nothing-here", tmp_path / "cache"), tmp_path / "out")
+    with pytest.raises(UserError, match=r"is a remote URL; curate writes to a local or shared filesystem"):
+        curate(_config("memory://nothing-here", tmp_path / "cache"), "s3://bucket/documents")
