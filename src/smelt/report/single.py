@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from smelt.report import data_sections, eval_sections, lineage, train_sections
+from smelt.report import data_sections, eval_sections, lineage, moe_section, train_sections
 from smelt.report.decisions import decisions_for
 from smelt.report.page import missing, note, page, section, table
 from smelt.report.run import Run, final_metrics, finite, load_run, task_entries
@@ -20,6 +20,7 @@ SECTIONS: list[tuple[str, str, Callable[[Run], str]]] = [
     ("gradients", "Gradients", train_sections.gradients_section),
     ("throughput", "Throughput and MFU", train_sections.throughput_section),
     ("events", "Events", train_sections.events_section),
+    ("experts", "Experts", moe_section.experts_section),
     ("evaluation", "Evaluation", eval_sections.evaluation_section),
     ("gallery", "Gallery", eval_sections.gallery_section),
     ("lineage", "Lineage", lineage.lineage_section),

@@ -67,6 +67,11 @@ def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
                 ("layers/update_ratio_max", max(ratios)),
                 ("layers/update_ratio_median", statistics.median(ratios)),
             ]
+    elif kind == "moe":  # per sparse layer: expert balance and router entropy
+        for key in ("moe_max_mean", "moe_entropy", "moe_dropped"):
+            for layer, value in zip(record.get("moe_layers") or [], record.get(key) or [], strict=False):
+                if finite(value):
+                    out.append((f"moe/{key.removeprefix('moe_')}/layer_{layer}", float(value)))
     elif kind == "event" and record.get("event") == "mixture":
         for source, value in (record.get("realized") or {}).items():
             if finite(value):

@@ -44,6 +44,7 @@ from smelt.errors import UserError
 from smelt.eval.heldout import training_mixture
 from smelt.manifest import write_json
 from smelt.model.flops import count_params, flops_per_token
+from smelt.model.moe import router_metrics, update_expert_bias
 from smelt.model.transformer import Transformer
 from smelt.progress import log, progress
 from smelt.train.alerts import SpikeMonitor
@@ -416,6 +417,7 @@ def _train(
                     scaler.update()
                 else:
                     optimizer.step()
+                update_expert_bias(model)  # MoE auxiliary-loss-free balancing (no-op otherwise)
                 spikes.applied(loss_value, norm_value)
             elif action == "rollback":
                 target = latest_checkpoint(checkpoints_dir)
@@ -487,6 +489,9 @@ def _train(
                     "elapsed_s": time.time() - started,
                 })  # fmt: skip
                 window_source_sums.zero_()
+                moe_fields = router_metrics(model)  # every rank: the loads are summed over ranks
+                if moe_fields:
+                    metrics.write({"kind": "moe", "step": step, "tokens": tokens_now, **moe_fields})
                 if window_losses:
                     shown = {"val": f"{val_record['val_loss']:.3f}"} if val_record else {}
                     bar.set_postfix(loss=f"{last_log_loss:.3f}", **shown, tok_s=f"{tps:,.0f}", refresh=False)
