@@ -118,6 +118,14 @@ def limitations(facts: dict[str, Any], figures: dict[str, Any], sources: list[st
             f"The code that trained it had uncommitted changes (commit {code.get('commit')}, dirty): the "
             f"commit alone does not reproduce it."
         )
+    from smelt.report.run import parent_record
+
+    parent = parent_record(Path(facts["run_dir"]))
+    if parent:
+        out.append(
+            f"It started from the weights of {parent.get('run_dir')} at step {parent.get('step')}: what that "
+            f"checkpoint was trained on is in that run's release; this data order covers this run's own steps."
+        )
     if not facts["model_license"]:
         out.append("No licence was chosen for the model weights (pass --model-license to `smelt release`).")
     return out

@@ -141,6 +141,13 @@ def verify_release(out_dir: str | Path, load: bool = True) -> list[tuple[str, st
             + ". Fetch the release again, or rebuild it with `smelt release RUN OUT --force`."
         )
     if load:
+        try:
+            import transformers  # noqa: F401
+        except ImportError as exc:
+            raise UserError(
+                "`smelt release --verify` loads every revision in transformers, which is not installed: "
+                "pip install 'smelt[hf]' (or transformers>=4.45), then verify again."
+            ) from exc
         with tempfile.TemporaryDirectory() as scratch:
             for entry in release["revisions"]:
                 folder = _revision_dir(out_dir, release, entry, Path(scratch))

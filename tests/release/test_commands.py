@@ -1,0 +1,57 @@
+"""The `smelt release` command: its arguments, its summary, and its messages for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+
+import pytest
+
+from smelt.errors import UserError
+from smelt.release import commands
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="smelt")
+    commands.add_parsers(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_release_then_verify_from_the_command_line(tiny_run, tmp_path, capsys):
+    run_dir, _ = tiny_run
+    out = tmp_path / "out"
+    args = _parse(
+        ["release", str(run_dir), str(out), "--license", "prose=CC-BY-4.0", "--model-license", "MIT"]
+    )
+    assert args.func(args) == 0
+    printed = capsys.readouterr().out
+    assert "step_0000004  step 4, 1,024 tokens" in printed and f"smelt release --verify {out}" in printed
+    args = _parse(["release", "--verify", str(out)])
+    assert args.func(args) == 0
+    assert f"release {out}: verified" in capsys.readouterr().out
+
+
+def test_release_arguments_that_do_not_fit_say_how(tiny_run, released):
+    run_dir, _ = tiny_run
+    cases = [
+        (["release", str(run_dir)], "`smelt release` needs RUN and OUT"),
+        (
+            ["release", "--verify", str(released), str(run_dir)],
+            "takes only the release directory; drop RUN and OUT",
+        ),
+        (["release", str(run_dir), "x", "--license", "prose"], "--license 'prose' must be SOURCE=LICENSE"),
+    ]
+    for argv, message in cases:
+        args = _parse(argv)
+        with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            args.func(args)
+
+
+def test_release_force_replaces_an_earlier_release(tiny_run, released, tmp_path):
+    run_dir, _ = tiny_run
+    out = tmp_path / "again"
+    shutil.copytree(released, out)
+    (out / "stale.txt").write_text("left over")
+    args = _parse(["release", str(run_dir), str(out), "--force"])
+    assert args.func(args) == 0
+    assert not (out / "stale.txt").exists() and (out / "release.json").is_file()
