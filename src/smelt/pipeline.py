@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from smelt import layout
 from smelt.config import Config
 from smelt.errors import UserError
+from smelt.layout import STAGE_DIRS, STAGES
 from smelt.lifecycle import (
     changed_inputs,
     changed_keys,
@@ -31,14 +33,6 @@ from smelt.lifecycle import (
 from smelt.manifest import Stage, hash_file, hash_files, read_manifest, write_json
 from smelt.progress import log
 
-STAGES = ("curate", "tokenizer", "tokenize", "train", "eval")
-STAGE_DIRS = {
-    "curate": "documents",
-    "tokenizer": "tokenizer",
-    "tokenize": "tokens",
-    "train": "train",
-    "eval": "eval",
-}
 # Stages that pick up an interrupted run where it stopped (per-shard completion markers) instead of
 # starting over; a finished stage whose config or inputs changed always starts from an empty directory.
 RESUMABLE_STAGES = ("curate", "tokenize", "train")
@@ -73,7 +67,7 @@ class StageOutcome:
 
 
 def stage_dir(cfg: Config, stage: str) -> Path:
-    return cfg.run_dir / STAGE_DIRS[stage]
+    return layout.stage_dir(cfg.run_dir, stage)
 
 
 def _stage_config(cfg: Config, stage: str) -> dict[str, Any]:
@@ -158,7 +152,7 @@ def _execute(cfg: Config, stage: str, directory: Path, resume: bool = False) -> 
             resume="auto" if resume else None,
         )
     if stage == "eval":
-        from smelt.eval.heldout import evaluate_run
+        from smelt.eval.run import evaluate_run
 
         return evaluate_run(cfg, run_dir, directory)
     raise ValueError(stage)

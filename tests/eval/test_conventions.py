@@ -13,7 +13,7 @@ import torch
 from helpers import build_model, tiny_model_config
 from smelt.errors import UserError
 from smelt.eval.harness import prepare, prompt_ids, render, score_prepared
-from smelt.eval.run import evaluate_checkpoints, gallery, task_set_version
+from smelt.eval.run import evaluate_checkpoints, gallery, plan_request
 from smelt.eval.tasks import Task, TaskSpec, get_spec, load_task
 
 CPU = torch.device("cpu")
@@ -115,7 +115,8 @@ def test_the_convention_changes_scores_and_is_recorded(tiny_run, tokenizer, tmp_
 
     eos_cfg = copy.deepcopy(cfg)
     eos_cfg.eval.convention = "eos"
-    assert task_set_version(cfg, ["copa"], 0) != task_set_version(eos_cfg, ["copa"], 0)
+    keys = [plan_request(c, root, ["copa"], 0).keys for c in (cfg, eos_cfg)]
+    assert keys[0]["tasks"]["copa"] != keys[1]["tasks"]["copa"] and keys[0]["samples"] != keys[1]["samples"]
     shutil.copytree(root, tmp_path / "run")
     (result,) = evaluate_checkpoints(cfg, tmp_path / "run", "2", tasks=["copa"], limit=4)
     step = json.loads((tmp_path / "run" / "eval" / "step_0000002.json").read_text())

@@ -12,7 +12,8 @@ import torch
 from smelt.cli import main
 from smelt.errors import UserError
 from smelt.eval.inloop import InLoopEval
-from smelt.eval.run import evaluate_checkpoints, task_set_version
+from smelt.eval.results import task_set_version
+from smelt.eval.run import evaluate_checkpoints
 from smelt.manifest import hash_file, write_json
 
 
@@ -32,7 +33,8 @@ def test_all_checkpoints_get_step_files_curves_and_gallery_then_are_skipped(run)
     results = evaluate_checkpoints(cfg, root, "all")
     assert [r["step"] for r in results] == [1, 2]
     step = json.loads((root / "eval" / "step_0000002.json").read_text())
-    assert step["task_set_version"] == task_set_version(cfg, cfg.eval.tasks, 0)
+    assert step["task_set_version"] == task_set_version(step["keys"])
+    assert set(step["keys"]["tasks"]) == {"copa", "winogrande", "lambada"}
     assert step["heldout"]["overall"]["bits_per_byte"] > 0 and step["samples"]
     assert set(step["tasks"]) == {"copa", "winogrande", "lambada"}
     copa = step["tasks"]["copa"]
@@ -61,6 +63,7 @@ def test_all_checkpoints_get_step_files_curves_and_gallery_then_are_skipped(run)
     # Re-scoring a checkpoint is deterministic: the same bytes.
     first = (root / "eval" / "step_0000001.json").read_bytes()
     (root / "eval" / "step_0000001.json").unlink()
+    evaluate_checkpoints(cfg, root, "1")
     evaluate_checkpoints(cfg, root, "1", tasks=["copa"], limit=4)
     assert (root / "eval" / "step_0000001.json").read_bytes() == first
 
@@ -108,9 +111,16 @@ def test_bad_checkpoint_and_task_arguments(run):
     write_json(meta_path, {**meta, "model_config": {**meta["model_config"], "max_seq_len": 16}})
     # meta.json is checksummed by the commit marker: re-stamp it, as a checkpoint saved this way would be.
     write_json(meta_path.parent / "COMMITTED", {"step": 1, "meta_sha256": hash_file(meta_path)})
+    # Held-out loss is scored in windows of train.seq_len: longer than the checkpoint's context is a user
+    # error naming the key and the fix (it was a bare ValueError from the model's forward).
+    with pytest.raises(
+        UserError, match=r"train.seq_len = 64 is longer than .*step_0000001 \(16 tokens.*seq_len=16"
+    ):
+        evaluate_checkpoints(cfg, root, "1", tasks=["lambada"])
+    cfg.train.seq_len = 16
     with pytest.raises(UserError, match="context is 16"):
         evaluate_checkpoints(cfg, root, "1", tasks=["lambada"])
-    cfg.eval.overlong, cfg.train.seq_len = "skip", 16
+    cfg.eval.overlong = "skip"
     (result,) = evaluate_checkpoints(cfg, root, "1", tasks=["lambada"])
     lambada = result["tasks"]["lambada"]
     assert lambada["skipped"] >= 6 and lambada["skipped"] + lambada["items"] == 8
@@ -121,11 +131,13 @@ def test_bad_checkpoint_and_task_arguments(run):
 
 
 def test_without_benchmark_files_only_heldout_is_scored(run, monkeypatch):
+    import smelt.eval.run
     import smelt.eval.tasks
 
     root, cfg = run
     cfg.eval.tasks_dir = ""
     monkeypatch.setattr(smelt.eval.tasks, "find_tasks_dir", lambda: None)
+    monkeypatch.setattr(smelt.eval.run, "find_tasks_dir", lambda: None)
     (result,) = evaluate_checkpoints(cfg, root, "2")
     assert result["tasks"] == {} and result["heldout"]["overall"]["bits_per_byte"] > 0
 

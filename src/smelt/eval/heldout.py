@@ -294,14 +294,3 @@ def samples(
         )
         gallery.append({"prompt": prompt, "completion": tokenizer.decode(out[len(prompt_ids) :])})
     return gallery
-
-
-def evaluate_run(cfg: Config, run_dir: Path, out_dir: Path, checkpoint: str = "latest") -> dict[str, Any]:
-    """Evaluate one checkpoint of a run (held-out figures, tasks, samples, gallery); write
-    out_dir/step_NNNNNNN.json and return its figures. The pipeline's eval stage calls this."""
-    from smelt.eval.run import evaluate_checkpoint, resolve_checkpoints
-
-    if checkpoint == "all":
-        raise ValueError("evaluate_run scores one checkpoint; use smelt.eval.run.evaluate_checkpoints")
-    (path,) = resolve_checkpoints(run_dir, checkpoint)
-    return evaluate_checkpoint(cfg, run_dir, out_dir, path)

@@ -16,7 +16,7 @@ import torch
 
 from smelt.config import Config
 from smelt.eval.harness import Prepared, prepare, score_prepared
-from smelt.eval.tasks import get_spec, load_task, resolve_tasks_dir
+from smelt.eval.tasks import configured_tasks_dir, get_spec, load_task, resolve_tasks_dir
 
 
 class InLoopEval:
@@ -26,18 +26,22 @@ class InLoopEval:
         from smelt.tokenizer.load import Tokenizer
 
         e = cfg.eval
-        names = e.inloop_tasks or [n for n in e.tasks if get_spec(n).formulation != "generate"]
         self.every = e.every_steps
         self.batch_size = e.batch_size
         self.device = device
         self.tokenizer = Tokenizer.load(tokenizer_dir)
         self.prepared: dict[str, Prepared] = {}
-        if not self.every or not names:
+        if not self.every or not (e.inloop_tasks or e.tasks):
             return
-        tasks_dir = resolve_tasks_dir(e.tasks_dir)
-        for name in names:
-            task = load_task(get_spec(name), tasks_dir, e.inloop_items, e.shots)
-            self.prepared[name] = prepare(
+        tasks_dir = configured_tasks_dir(e.tasks_dir)
+        specs = [get_spec(n, tasks_dir) for n in e.inloop_tasks or e.tasks]
+        if not e.inloop_tasks:
+            specs = [s for s in specs if s.formulation != "generate"]
+        if any(s.needs_files() and s.root(tasks_dir) is None for s in specs):
+            resolve_tasks_dir(e.tasks_dir)  # says where it looked and how to set it
+        for spec in specs:
+            task = load_task(spec, tasks_dir, e.inloop_items, e.shots)
+            self.prepared[spec.name] = prepare(
                 task, self.tokenizer, cfg.model.max_seq_len, e.overlong, e.convention
             )
 

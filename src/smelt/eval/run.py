@@ -1,96 +1,145 @@
-"""Evaluating a run's checkpoints: `RUN/eval/step_NNNNNNN.json` per checkpoint, and views across them.
-
-A step file holds what the checkpoint and the task set determine: held-out loss and bits-per-byte,
-task scores (with the decontamination overlap of each task when curation measured it), sampled
-continuations and the greedy gallery, and the prompt convention the tasks and gallery were tokenized
-under (eval.convention, see harness.py). It is keyed by the checkpoint's hash and the task-set version
-(a hash of everything else that decides the figures), so `--checkpoint all` skips checkpoints that
-already have a current file. The views are rebuilt from the step files after every evaluation:
-    curves.jsonl   one {"step", "kind": "eval", ...} record per evaluated checkpoint, in step order
-    gallery.json   each gallery prompt with its greedy completion at every evaluated step
-They are not written by the pipeline's eval stage (which records its outputs' hashes), so filling
-in other checkpoints later never makes that stage look stale.
+"""Evaluating a run's checkpoints: work out what was asked for and the key of each part, score only
+the parts the checkpoint's step file lacks, and merge them into it (results.py: the file, its keys
+and the views). Held-out loss and bits per byte come from heldout.py, tasks from tasks.py and
+harness.py, text sets (`--data`) from text_sets.py.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from smelt.config import Config, hash_json
+from smelt.config import Config
 from smelt.errors import UserError
 from smelt.eval.harness import Prepared, prepare, prompt_ids, score_prepared
-from smelt.eval.tasks import SPECS, get_spec, load_task, resolve_tasks_dir
-from smelt.manifest import combined_hash, hash_file, read_manifest, write_json
+from smelt.eval.results import (
+    CURVES,
+    GALLERY,
+    merge,
+    missing,
+    read_result,
+    result_name,
+    section_key,
+    write_views,
+)
+from smelt.eval.tasks import (
+    TaskSpec,
+    configured_tasks_dir,
+    find_tasks_dir,
+    get_spec,
+    load_task,
+    resolve_tasks_dir,
+    task_fingerprint,
+)
+from smelt.manifest import combined_hash, hash_file, hash_files, read_manifest, write_json
 from smelt.progress import log
 
-HARNESS_VERSION = "tasks-v2"  # v2: prompts under eval.convention (lm-eval by default)
-CURVES = "curves.jsonl"
-GALLERY = "gallery.json"
+__all__ = ["CURVES", "GALLERY", "evaluate_checkpoint", "evaluate_checkpoints", "evaluate_run", "write_views"]
 
 
 def default_tasks(cfg: Config) -> list[str]:
     """eval.tasks, or none (with a note) when eval.tasks_dir is unset and no benchmark files are found
     where it looks by default: held-out loss still works on a machine without the benchmark files."""
-    from smelt.eval.tasks import find_tasks_dir
-
     if cfg.eval.tasks and not cfg.eval.tasks_dir and find_tasks_dir() is None:
         log("[eval] no benchmark files found (set eval.tasks_dir): scoring held-out loss only")
         return []
     return list(cfg.eval.tasks)
 
 
-def task_set_version(cfg: Config, tasks: list[str], limit: int) -> str:
-    """Everything but the checkpoint that decides a step file's figures."""
+@dataclass
+class Request:
+    """What one evaluation asks for: the tasks (resolved to specs), the text sets, whether the
+    held-out split and samples are wanted, and the key of every part (results.missing compares them
+    with a step file's)."""
+
+    specs: dict[str, TaskSpec]
+    tasks_dir: Path | None
+    limit: int
+    data: dict[str, Path] = field(default_factory=dict)
+    data_field: str = "text"
+    keys: dict[str, Any] = field(default_factory=dict)
+
+
+def heldout_key(cfg: Config, run_dir: Path) -> str:
+    """The held-out figures depend on the validation tokens, the window, doc masking and the mixture
+    weights of the headline."""
+    tokens = read_manifest(run_dir / "tokens") or {}
+    e, t = cfg.eval, cfg.train
+    mixture = cfg.to_dict()["tokens"]
+    return section_key({"heldout": [e.max_bytes, t.seq_len, t.doc_masking, t.tokens], "mixture": mixture,
+                        "tokens": tokens.get("outputs_hash")})  # fmt: skip
+
+
+def plan_request(
+    cfg: Config,
+    run_dir: Path,
+    tasks: list[str] | None = None,
+    limit: int | None = None,
+    data: list[str] | tuple[str, ...] = (),
+    data_field: str = "text",
+    heldout: bool = True,
+) -> Request:
+    """Resolve tasks and text sets and compute every key. Raises UserError for an unknown task, a
+    missing tasks directory that a task needs, or a text set that does not exist."""
+    from smelt.eval.text_sets import text_files
+
     e = cfg.eval
-    key = {
-        "harness": HARNESS_VERSION,
-        "tasks": {name: get_spec(name).fingerprint() for name in tasks},
-        "limit": limit,
-        "shots": e.shots,
-        "overlong": e.overlong,
-        "convention": e.convention,
-        "heldout": [e.max_bytes, cfg.train.seq_len, cfg.train.doc_masking],
-        "samples": [e.prompts, e.max_new_tokens, e.temperature, e.top_k, cfg.run.seed, e.gallery_tokens],
+    names = default_tasks(cfg) if tasks is None else list(tasks)
+    limit = e.limit if limit is None else limit
+    tasks_dir = configured_tasks_dir(e.tasks_dir)
+    specs = {}
+    for name in names:
+        try:
+            spec = get_spec(name, tasks_dir)
+        except UserError:
+            if tasks_dir is None:
+                resolve_tasks_dir(e.tasks_dir)  # the task may be a file there: say where it looked
+            raise
+        if spec.needs_files() and spec.root(tasks_dir) is None:
+            resolve_tasks_dir(e.tasks_dir)  # says where it looked and how to set it
+        specs[spec.name] = spec
+    request = Request(specs, tasks_dir, limit, data_field=data_field)
+    keys: dict[str, Any] = {}
+    if heldout:
+        keys["heldout"] = heldout_key(cfg, run_dir)
+        samples = [e.prompts, e.max_new_tokens, e.temperature, e.top_k, cfg.run.seed, e.gallery_tokens]
+        keys["samples"] = section_key({"samples": samples, "convention": e.convention})
+    keys["tasks"] = {
+        name: section_key(
+            {
+                "task": task_fingerprint(spec, tasks_dir),
+                "limit": limit,
+                "shots": e.shots,
+                "overlong": e.overlong,
+                "convention": e.convention,
+            }
+        )  # fmt: skip
+        for name, spec in specs.items()
     }
-    return f"{HARNESS_VERSION}-{hash_json(key)[:16]}"
+    keys["data"] = {}
+    for item in data:
+        path = Path(item)
+        files = text_files(path)
+        content = hash_files(files, path) if path.is_dir() else hash_file(path)
+        request.data[item] = path
+        keys["data"][item] = section_key({"data": content, "field": data_field,
+                                          "window": [cfg.train.seq_len, cfg.train.doc_masking]})  # fmt: skip
+    request.keys = keys
+    return request
 
 
 def resolve_checkpoints(run_dir: Path, which: str) -> list[Path]:
     """`latest`, `all` (every retained checkpoint, oldest first), a step number, or a committed checkpoint
     directory (e.g. an average written by `smelt checkpoint average`)."""
-    from smelt.checkpoint.store import latest_checkpoint, list_checkpoints
+    from smelt.layout import checkpoints_dir
+    from smelt.layout import resolve_checkpoints as resolve
 
-    checkpoints = run_dir / "train" / "checkpoints"
-    if which == "all":
-        found = list_checkpoints(checkpoints)
-    elif which == "latest":
-        latest = latest_checkpoint(checkpoints)
-        found = [latest] if latest else []
-    elif (Path(which) / "COMMITTED").is_file():
-        found = [Path(which)]
-    else:
-        try:
-            step = int(which)
-        except ValueError as exc:
-            raise UserError(
-                f"--checkpoint {which!r} must be `latest`, `all`, a step number or a checkpoint directory."
-            ) from exc
-        path = checkpoints / f"step_{step:07d}"
-        if not (path / "COMMITTED").is_file():
-            steps = [p.name for p in list_checkpoints(checkpoints)]
-            raise UserError(
-                f"checkpoint {path} does not exist or is incomplete. Retained: {', '.join(steps) or 'none'}; "
-                f"or use `latest` / `all`."
-            )
-        found = [path]
-    if not found:
-        raise UserError(f"no committed checkpoint under {checkpoints}. Run `smelt train CONFIG` first.")
-    return found
+    return resolve(checkpoints_dir(run_dir), which)
 
 
 def check_tokenizer(meta: dict[str, Any], tokenizer: Any, run_dir: Path, checkpoint: Path) -> None:
@@ -121,46 +170,6 @@ def check_tokenizer(meta: dict[str, Any], tokenizer: Any, run_dir: Path, checkpo
         )
 
 
-def contamination(cfg: Config, run_dir: Path, tasks_dir: Path | None) -> dict[str, dict[str, Any]]:
-    """Per task, the decontamination report of the benchmark set that is the same task (same name, or
-    the same file or directory) when curation ran decontamination; {} otherwise."""
-    path = run_dir / "documents" / "decontamination.json"
-    if not path.is_file():
-        return {}
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    found: dict[str, dict[str, Any]] = {}
-    sets = list(enumerate(cfg.data.decontam.evals))
-    for name, spec in SPECS.items():
-        task_file = (tasks_dir / spec.path).resolve() if tasks_dir else None
-        for i, es in sets:
-            bench = es.name or f"eval{i}"
-            if bench not in report:
-                continue
-            same_file = False
-            if task_file is not None and es.path:
-                p = Path(es.path).resolve()
-                same_file = p == task_file or p in task_file.parents or task_file in p.parents
-            if bench == name or same_file:
-                found[name] = {"benchmark": bench, **report[bench]}
-                break
-    return found
-
-
-class TaskCache:
-    """Tasks read and tokenized once for all checkpoints of one evaluation."""
-
-    def __init__(self, cfg: Config, tasks: list[str], limit: int, tokenizer: Any, max_len: int):
-        from_files = [name for name in tasks if get_spec(name).reader != "synthetic"]
-        self.tasks_dir = resolve_tasks_dir(cfg.eval.tasks_dir) if from_files else None
-        self.prepared: dict[str, Prepared] = {}
-        for name in tasks:
-            task = load_task(get_spec(name), self.tasks_dir, limit, cfg.eval.shots)
-            self.prepared[name] = prepare(task, tokenizer, max_len, cfg.eval.overlong, cfg.eval.convention)
-
-
 def gallery(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -183,6 +192,126 @@ def gallery(
     ]
 
 
+def contamination(
+    cfg: Config, run_dir: Path, specs: dict[str, TaskSpec], tasks_dir: Path | None
+) -> dict[str, dict[str, Any]]:
+    """Per task, the decontamination report of the benchmark set that is the same task (same name, or
+    the same file or directory) when curation ran decontamination; {} otherwise."""
+    path = run_dir / "documents" / "decontamination.json"
+    if not path.is_file():
+        return {}
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    found: dict[str, dict[str, Any]] = {}
+    sets = list(enumerate(cfg.data.decontam.evals))
+    for name, spec in specs.items():
+        root = spec.root(tasks_dir)
+        task_file = (root / spec.path).resolve() if root is not None and spec.needs_files() else None
+        for i, es in sets:
+            bench = es.name or f"eval{i}"
+            if bench not in report:
+                continue
+            same_file = False
+            if task_file is not None and es.path:
+                p = Path(es.path).resolve()
+                same_file = p == task_file or p in task_file.parents or task_file in p.parents
+            if bench == name or same_file:
+                found[name] = {"benchmark": bench, **report[bench]}
+                break
+    return found
+
+
+class TaskCache:
+    """Tasks read and tokenized once for all checkpoints of one evaluation (per context length)."""
+
+    def __init__(self, cfg: Config, request: Request):
+        self.cfg, self.request = cfg, request
+        self.prepared: dict[tuple[str, int], Prepared] = {}
+
+    def get(self, name: str, tokenizer: Any, max_len: int) -> Prepared:
+        if (name, max_len) not in self.prepared:
+            e, r = self.cfg.eval, self.request
+            task = load_task(r.specs[name], r.tasks_dir, r.limit, e.shots)
+            self.prepared[name, max_len] = prepare(task, tokenizer, max_len, e.overlong, e.convention)
+        return self.prepared[name, max_len]
+
+
+def check_context(cfg: Config, model_cfg: Any, checkpoint: Path) -> None:
+    """Held-out loss and text sets are scored in windows of train.seq_len: no longer than the
+    checkpoint's context."""
+    if cfg.train.seq_len > model_cfg.max_seq_len:
+        raise UserError(
+            f"train.seq_len = {cfg.train.seq_len} is longer than the context of checkpoint {checkpoint} "
+            f"({model_cfg.max_seq_len} tokens, its model.max_seq_len); held-out loss and --data are scored in "
+            f"windows of train.seq_len. Evaluate at its context (--set train.seq_len={model_cfg.max_seq_len}), "
+            f"or extend the model's context first (docs/lifecycle.md)."
+        )
+
+
+def _score(
+    cfg: Config,
+    run_dir: Path,
+    path: Path,
+    request: Request,
+    todo: dict[str, Any],
+    cache: TaskCache,
+    device: torch.device,
+) -> dict[str, Any]:
+    """The figures of the parts in `todo`, from the checkpoint at `path`."""
+    from smelt.checkpoint.store import load_model, read_meta
+    from smelt.eval.heldout import heldout_bits_per_byte, samples, trained_lengths, training_mixture
+    from smelt.tokenizer.load import Tokenizer
+
+    e = cfg.eval
+    tokenizer = Tokenizer.load(run_dir / "tokenizer")
+    check_tokenizer(read_meta(path, verify=False), tokenizer, run_dir, path)  # before a shape error could
+    model, meta = load_model(path, device=device)
+    if "heldout" in todo or todo.get("data"):
+        check_context(cfg, model.cfg, path)
+    new: dict[str, Any] = {"keys": todo}
+    if "heldout" in todo:
+        new["heldout"] = heldout_bits_per_byte(
+            model,
+            run_dir / "tokens",
+            run_dir / "documents",
+            tokenizer.eos_id,
+            cfg.train.seq_len,
+            e.batch_size,
+            e.max_bytes,
+            device=device,
+            doc_masking=cfg.train.doc_masking,
+            weights=training_mixture(cfg, run_dir / "tokens"),
+            trained_at=trained_lengths(model.cfg, meta),
+        )
+    if "samples" in todo:
+        new["samples"] = samples(
+            model, tokenizer, e.prompts, e.max_new_tokens, e.temperature, e.top_k, cfg.run.seed
+        )
+        new["gallery"] = gallery(model, tokenizer, e.prompts, e.gallery_tokens, e.convention)
+    if todo.get("tasks"):
+        overlap = contamination(cfg, run_dir, request.specs, request.tasks_dir)
+        new["tasks"] = {}
+        for name in todo["tasks"]:
+            prepared = cache.get(name, tokenizer, model.cfg.max_seq_len)
+            new["tasks"][name] = score_prepared(model, tokenizer, prepared, e.batch_size, device)
+            if name in overlap:
+                new["tasks"][name]["contamination"] = overlap[name]
+    if todo.get("data"):
+        from smelt.eval.text_sets import read_text_set, score_text_set
+
+        new["data"] = {}
+        for label in todo["data"]:
+            texts = read_text_set(request.data[label], request.data_field)
+            new["data"][label] = score_text_set(
+                model, tokenizer, texts, cfg.train.seq_len, e.batch_size, device, cfg.train.doc_masking
+            )
+    if "samples" in todo or todo.get("tasks"):
+        new["convention"] = e.convention
+    return new
+
+
 def evaluate_checkpoint(
     cfg: Config,
     run_dir: Path,
@@ -192,83 +321,30 @@ def evaluate_checkpoint(
     limit: int | None = None,
     cache: TaskCache | None = None,
     device: torch.device | None = None,
+    request: Request | None = None,
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Evaluate one checkpoint; write out_dir/step_NNNNNNN.json and return it (plus wall time)."""
-    from smelt.checkpoint.store import load_model, read_meta
-    from smelt.eval.heldout import heldout_bits_per_byte, samples, trained_lengths, training_mixture
-    from smelt.tokenizer.load import Tokenizer
-
-    started = time.time()
-    device = device or torch.device("cpu")
-    tasks = default_tasks(cfg) if tasks is None else list(tasks)
-    limit = cfg.eval.limit if limit is None else limit
-    tokenizer = Tokenizer.load(run_dir / "tokenizer")
-    check_tokenizer(read_meta(path, verify=False), tokenizer, run_dir, path)  # before a shape error could
-    model, meta = load_model(path, device=device)
-    if cache is None:
-        cache = TaskCache(cfg, tasks, limit, tokenizer, model.cfg.max_seq_len)
-    heldout = heldout_bits_per_byte(
-        model,
-        run_dir / "tokens",
-        run_dir / "documents",
-        tokenizer.eos_id,
-        cfg.train.seq_len,
-        cfg.eval.batch_size,
-        cfg.eval.max_bytes,
-        device=device,
-        doc_masking=cfg.train.doc_masking,
-        weights=training_mixture(cfg, run_dir / "tokens"),
-        trained_at=trained_lengths(model.cfg, meta),
-    )
-    e = cfg.eval
-    sampled = samples(model, tokenizer, e.prompts, e.max_new_tokens, e.temperature, e.top_k, cfg.run.seed)
-    scores: dict[str, Any] = {}
-    overlap = contamination(cfg, run_dir, cache.tasks_dir)
-    for name in tasks:
-        scores[name] = score_prepared(model, tokenizer, cache.prepared[name], e.batch_size, device)
-        if name in overlap:
-            scores[name]["contamination"] = overlap[name]
-    step = int(meta["step"])
-    result = {
-        "step": step,
-        "tokens_seen": meta.get("tokens"),
-        "checkpoint": str(path),
-        "checkpoint_hash": combined_hash(meta.get("checksums", {})),
-        "task_set_version": task_set_version(cfg, tasks, limit),
-        "convention": e.convention,
-        "heldout": heldout,
-        "tasks": scores,
-        "samples": sampled,
-        "gallery": gallery(model, tokenizer, e.prompts, e.gallery_tokens, e.convention),
-    }
-    # The file holds only what the checkpoint and task set determine, so re-scoring rewrites the same bytes.
-    write_json(out_dir / result_name(path, meta), result)
-    return {**result, "wall_time_s": round(time.time() - started, 3)}
-
-
-def result_name(path: Path, meta: dict[str, Any]) -> str:
-    """step_NNNNNNN.json; a weights-only checkpoint (an average) is named after its directory, so it
-    never overwrites the step it was made at nor joins the training curves."""
-    if meta.get("weights_only"):
-        return f"weights_only-{path.name}.json"
-    return f"step_{int(meta['step']):07d}.json"
-
-
-def _current(out_dir: Path, path: Path, version: str) -> dict[str, Any] | None:
-    """The step file of a checkpoint when it is for this checkpoint's hash and this task set."""
+    """Evaluate one checkpoint: score what its step file lacks (everything with `force`), merge it in
+    and write the file; return the file's content, plus `wall_time_s` when anything was scored."""
     from smelt.checkpoint.store import read_meta
 
+    started = time.time()
+    request = request or plan_request(cfg, run_dir, tasks, limit)
     meta = read_meta(path, verify=False)
     target = out_dir / result_name(path, meta)
-    try:
-        existing = json.loads(target.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    if existing.get("task_set_version") != version:
-        return None
-    if existing.get("checkpoint_hash") != combined_hash(meta.get("checksums", {})):
-        return None
-    return existing
+    checkpoint_hash = combined_hash(meta.get("checksums", {}))
+    existing = None if force else read_result(target, checkpoint_hash)
+    todo = missing(existing, request.keys)
+    if not todo:
+        return existing or {}
+    cache = cache or TaskCache(cfg, request)
+    new = _score(cfg, run_dir, path, request, todo, cache, device or torch.device("cpu"))
+    head = {"step": int(meta["step"]), "tokens_seen": meta.get("tokens"), "checkpoint": str(path),
+            "checkpoint_hash": checkpoint_hash}  # fmt: skip
+    result = merge(existing, {**head, **new})
+    # The file holds only what the checkpoint and the keys determine, so re-scoring writes the same bytes.
+    write_json(target, result)
+    return {**result, "wall_time_s": round(time.time() - started, 3)}
 
 
 def evaluate_checkpoints(
@@ -279,76 +355,30 @@ def evaluate_checkpoints(
     limit: int | None = None,
     device: torch.device | None = None,
     force: bool = False,
+    data: list[str] | tuple[str, ...] = (),
+    data_field: str = "text",
+    heldout: bool = True,
 ) -> list[dict[str, Any]]:
-    """Evaluate `which` checkpoints (skipping those with a current step file unless `force`), then
-    rebuild the views."""
-    from smelt.tokenizer.load import Tokenizer
-
+    """Evaluate `which` checkpoints, each scoring only what its step file lacks (unless `force`),
+    then rebuild the views. `data`: text sets to score bits per byte on; `heldout`: whether the run's
+    validation split and the samples are part of the request."""
     out_dir = run_dir / "eval"
-    tasks = default_tasks(cfg) if tasks is None else list(tasks)
-    limit = cfg.eval.limit if limit is None else limit
-    version = task_set_version(cfg, tasks, limit)
-    results, cache = [], None
+    request = plan_request(cfg, run_dir, tasks, limit, data, data_field, heldout)
+    cache = TaskCache(cfg, request)
+    results = []
     for path in resolve_checkpoints(run_dir, which):
-        existing = None if force else _current(out_dir, path, version)
-        if existing is not None:
-            log(f"[eval] {path.name}: up to date, skipped")
-            results.append(existing)
-            continue
-        if cache is None:
-            from smelt.checkpoint.store import read_meta
-
-            max_len = int(read_meta(path, verify=False)["model_config"]["max_seq_len"])
-            cache = TaskCache(cfg, tasks, limit, Tokenizer.load(run_dir / "tokenizer"), max_len)
-        log(f"[eval] {path.name}")
-        results.append(evaluate_checkpoint(cfg, run_dir, out_dir, path, tasks, limit, cache, device))
+        result = evaluate_checkpoint(cfg, run_dir, out_dir, path, cache=cache, device=device, request=request,
+                                     force=force)  # fmt: skip
+        log(f"[eval] {path.name}" + ("" if "wall_time_s" in result else ": up to date, skipped"))
+        results.append(result)
     write_views(out_dir)
     return results
 
 
-def curve_record(result: dict[str, Any]) -> dict[str, Any]:
-    """One curves.jsonl line: the figures a plot over training needs, from one step file."""
-    overall = result.get("heldout", {}).get("overall", {})
-    return {
-        "step": result["step"],
-        "kind": "eval",
-        "tokens": result.get("tokens_seen"),
-        "checkpoint_hash": result.get("checkpoint_hash"),
-        "task_set_version": result.get("task_set_version"),
-        "convention": result.get("convention"),
-        "val_loss": overall.get("loss"),
-        "bits_per_byte": overall.get("bits_per_byte"),
-        "bits_per_byte_by_source": {
-            s: f.get("bits_per_byte") for s, f in result.get("heldout", {}).get("per_source", {}).items()
-        },
-        "tasks": {
-            name: {k: v for k, v in t.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            for name, t in result.get("tasks", {}).items()
-        },
-    }
-
-
-def write_views(out_dir: Path) -> None:
-    """Rebuild curves.jsonl and gallery.json from every step file under out_dir."""
-    results = []
-    for path in sorted(out_dir.glob("step_*.json")):
-        try:
-            results.append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    results.sort(key=lambda r: r["step"])
-    lines = "".join(json.dumps(curve_record(r), sort_keys=True) + "\n" for r in results)
-    tmp = out_dir / f".{CURVES}.tmp"
-    tmp.write_text(lines)
-    tmp.replace(out_dir / CURVES)
-    prompts: dict[str, dict[str, str]] = {}
-    for r in results:
-        for item in r.get("gallery", []):
-            prompts.setdefault(item["prompt"], {})[str(r["step"])] = item["completion"]
-    write_json(
-        out_dir / GALLERY,
-        {
-            "steps": [r["step"] for r in results],
-            "prompts": [{"prompt": p, "completions": c} for p, c in prompts.items()],
-        },
-    )
+def evaluate_run(cfg: Config, run_dir: Path, out_dir: Path, checkpoint: str = "latest") -> dict[str, Any]:
+    """Evaluate one checkpoint of a run (held-out figures, tasks, samples, gallery); write
+    out_dir/step_NNNNNNN.json and return its figures. The pipeline's eval stage calls this."""
+    if checkpoint == "all":
+        raise ValueError("evaluate_run scores one checkpoint; use smelt.eval.run.evaluate_checkpoints")
+    (path,) = resolve_checkpoints(run_dir, checkpoint)
+    return evaluate_checkpoint(cfg, run_dir, out_dir, path)

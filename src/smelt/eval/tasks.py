@@ -1,48 +1,66 @@
-"""Benchmark tasks as data: one TaskSpec per task names its file, reader, prompt template and metric.
+"""Benchmark tasks as data files: one TOML file per task names its files, reader, field mapping,
+formulation, prompt template, few-shot examples and metric (see docs/evaluation.md).
 
-A reader turns the original file into plain records with one of three shapes:
-    multiple choice  {"id", "query", "choices": [str], "gold": int}
-    schema           {"id", "contexts": [str], "continuation": str, "gold": int}  (WinoGrande, WSC)
-    completion       {"id", "context", "continuation"}  (LAMBADA: the last word)
-    generation       {"id", "question", "answer"}  (GSM8K: the answer's final number is the gold)
-The formulation (see harness.py) turns records into scoring requests. Few-shot examples come from the
-spec's `shots_from` pool (a dev split) or else from the same file, drawn with a fixed seed and then
-left out of the scored items; `limit` keeps a seeded random subset in file order, so a subset of
-MMLU's subject-sorted files still spans every subject.
+The built-in tasks are such files, shipped in `smelt/eval/task_files/`; a `*.toml` in the tasks
+directory (eval.tasks_dir) adds a task or replaces a built-in one of the same name, and `--tasks`
+takes a path to a task file too. A task's relative paths resolve against the tasks directory, or for
+a task file named by its path, against the folder holding it. The readers (`smelt.benchmark_files`)
+turn the files into records of one shape, and the formulation (see harness.py) turns records into
+scoring requests. Few-shot examples come from `shots_from` (a dev split) or else from the same file,
+drawn with a fixed seed and then left out of the scored items; `limit` keeps a seeded random subset in
+file order, so a subset of MMLU's subject-sorted files still spans every subject.
 """
 
 from __future__ import annotations
 
-import csv
-import gzip
+import difflib
+import functools
 import hashlib
 import json
 import os
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from smelt.benchmark_files import LETTERS, SHAPES, BenchmarkFileError, FileFormat, Record, read_records
 from smelt.errors import UserError
 from smelt.eval.passkey import PASSKEY_VERSION, passkey_records
-from smelt.jsonl import json_objects
 
-OLMES_UNCONDITIONAL = 1_000_000
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["LETTERS", "Record", "Task", "TaskSpec", "get_spec", "load_task", "resolve_tasks_dir"]
+
 SUBSET_SEED = 1234  # fixed, not the run seed: subsets and shots must match across runs to compare them
-LETTERS = "ABCDEFGHIJ"
-
-Record = dict[str, Any]
+BUILTIN_DIR = Path(__file__).parent / "task_files"
+# formulation -> (record shape it scores, metrics it reports)
+FORMULATIONS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "cloze": ("multiple_choice", ("acc", "acc_per_char", "acc_per_token")),
+    "mc": ("multiple_choice", ("acc",)),
+    "schema": ("schema", ("acc",)),
+    "lastword": ("completion", ("acc", "perplexity")),
+    "generate": ("generation", ("exact_match",)),
+    "passkey": ("", ("acc", "exact_match")),
+}
+# Tasks made from a fixed seed instead of read from a file (reader "synthetic"): generator -> records(limit).
+SYNTHETIC: dict[str, tuple[Callable[[int], list[Record]], str]] = {
+    "passkey": (passkey_records, PASSKEY_VERSION)
+}
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What a task is: everything that decides its score, so its fingerprint keys cached results."""
+    """What a task is: its files and how they are read, prompted and scored."""
 
     name: str
-    path: str  # relative to the tasks directory
-    reader: str  # a key of READERS
-    formulation: str  # cloze | mc | schema | lastword | generate
+    path: str  # file or folder, relative to the tasks directory (or to `base`)
+    reader: str  # a reader of smelt.benchmark_files, or "synthetic"
+    formulation: str  # cloze | mc | schema | lastword | generate | passkey
     template: str = "{query}"  # fills the record's fields into the prompt (before the answer)
     metric: str = "acc"  # the primary metric reported on curves
     shots: int = 0
@@ -52,244 +70,144 @@ class TaskSpec:
     extract: str = ""  # generate: regex whose group 1 is the answer (else: the last number)
     max_new_tokens: int = 0
     note: str = ""
+    fields: tuple[tuple[str, Any], ...] = ()  # reader jsonl / csv: record key -> the file's field(s)
+    labels: str = ""  # a label file paired line by line with `path`'s records (their `label` field)
+    shots_labels: str = ""  # the same for `shots_from`
+    gold_base: int = 0  # the value of the first choice's index in the file (1 for 1-based answers)
+    columns: tuple[str, ...] = ()  # reader csv: column names of a file without a header row
+    generator: str = ""  # reader synthetic: a key of SYNTHETIC
+    source: str = ""  # the task file it was read from; "" for a spec made in code
+    base: str = ""  # the folder its relative paths resolve against; "" for the tasks directory
 
     def fingerprint(self) -> str:
         blob = json.dumps(self.__dict__, sort_keys=True, default=list)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    def file_format(self) -> FileFormat:
+        return FileFormat(self.reader, self.fields, self.labels, self.gold_base, self.columns)
+
+    def root(self, tasks_dir: Path | None) -> Path | None:
+        return Path(self.base) if self.base else tasks_dir
+
+    def needs_files(self) -> bool:
+        return self.reader != "synthetic"
+
 
 # ---------------------------------------------------------------------------------------------
-# Readers of the original file formats
+# Task files
+
+_KEYS = {f.name for f in fields(TaskSpec)} - {"source", "base"}
+_TEXT_KEYS = ("name", "path", "reader", "formulation", "template", "metric", "shots_from", "shot_separator")
+_TEXT_KEYS += ("extract", "note", "labels", "shots_labels", "generator")
 
 
-def _lines(path: Path) -> Iterator[tuple[int, Record]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as handle:
-            yield from json_objects(
-                handle,
-                path,
-                "task file",
-                "Restore the original file, or point eval.tasks_dir at an intact copy.",
-            )
-    except (OSError, EOFError, gzip.BadGzipFile) as exc:
-        raise UserError(f"task file {path} cannot be read ({exc}).") from exc
-
-
-def _need(record: Record, fields: tuple[str, ...], path: Path, number: int) -> None:
-    missing = [f for f in fields if f not in record]
-    if missing:
+def _check_type(value: Any, kind: type | tuple[type, ...], key: str, where: Path) -> None:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise UserError(
-            f"task file {path} line {number} lacks {', '.join(missing)} (its keys: {sorted(record)}); the "
-            f"file is not in the layout its task expects. Restore the original file."
+            f"task file {where}: `{key}` = {value!r} should be {getattr(kind, '__name__', kind)}."
         )
 
 
-def _mc(record: Record, path: Path, number: int, id_: Any) -> Record:
-    _need(record, ("query", "choices", "gold"), path, number)
-    choices, gold = record["choices"], record["gold"]
-    if not isinstance(choices, list) or not isinstance(gold, int) or not 0 <= gold < len(choices):
-        raise UserError(f"task file {path} line {number}: gold {gold!r} is not an index into its choices.")
-    return {"id": id_, "query": record["query"], "choices": [str(c) for c in choices], "gold": gold}
-
-
-def read_mosaic(path: Path) -> list[Record]:
-    """llm-foundry ICL jsonl: multiple choice, schema or (context, continuation) records."""
-    out = []
-    for number, record in _lines(path):
-        if "context_options" in record:
-            _need(record, ("continuation", "gold"), path, number)
-            out.append(
-                {
-                    "id": number,
-                    "contexts": list(record["context_options"]),
-                    "continuation": record["continuation"],
-                    "gold": int(record["gold"]),
-                }
-            )
-        elif "query" in record:
-            out.append(_mc(record, path, number, number))
-        else:
-            _need(record, ("context", "continuation"), path, number)
-            out.append({"id": number, "context": record["context"], "continuation": record["continuation"]})
-    return out
-
-
-def read_olmes(path: Path) -> list[Record]:
-    """OLMES requests.jsonl.gz: one line per (doc, choice); the docs (not the prompts) are kept, so
-    prompts and shots are built here the same way for every task."""
-    docs: dict[int, Record] = {}
-    for number, record in _lines(path):
-        _need(record, ("doc", "doc_id"), path, number)
-        doc_id = int(record["doc_id"])
-        if doc_id >= OLMES_UNCONDITIONAL or doc_id in docs:
-            continue
-        doc = record["doc"]
-        if "sentence" in doc and "option1" in doc:  # WinoGrande's original fields
-            _need(doc, ("option2", "answer"), path, number)
-            prefix, _, suffix = doc["sentence"].partition("_")
-            docs[doc_id] = {
-                "id": doc_id,
-                "contexts": [prefix + doc["option1"], prefix + doc["option2"]],
-                "continuation": suffix.strip(),
-                "gold": int(doc["answer"]) - 1,
-            }
-        else:
-            docs[doc_id] = _mc(doc, path, number, doc.get("id", doc.get("ind", doc_id)))
-    return [docs[k] for k in sorted(docs)]
-
-
-def _mmlu_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+def read_task_file(path: Path, base: Path | None = None) -> TaskSpec:
+    """A TaskSpec from one task file; `base`: the folder its paths resolve against (None: the tasks
+    directory). Raises UserError naming the file and key for an unknown key or a bad value."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            rows = list(csv.reader(handle))
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise UserError(f"task file {path} cannot be read as CSV ({exc}).") from exc
-    for number, row in enumerate(rows, start=1):
-        if number == 1 and row[:1] == ["question"]:
-            continue  # the Hugging Face layout's header
-        yield number, row
-
-
-def read_mmlu(path: Path) -> list[Record]:
-    """MMLU CSVs, either layout: `question,choice0..3,answer` with 0-3, or Hendrycks' with A-D."""
-    files = sorted(path.glob("*.csv")) if path.is_dir() else [path]
-    if not files:
-        raise UserError(f"task directory {path} holds no .csv files; MMLU needs <subject>_test.csv files.")
-    out = []
-    for file in files:
-        subject = file.stem.rsplit("_", 1)[0].replace("_", " ")
-        for number, row in _mmlu_rows(file):
-            answer = row[5].strip() if len(row) == 6 else ""
-            gold = int(answer) if answer.isdigit() else LETTERS[:4].find(answer.upper())
-            if len(row) != 6 or not 0 <= gold < 4:
-                raise UserError(
-                    f"task file {file} row {number}: expected 6 columns (question, 4 choices, answer 0-3 or "
-                    f"A-D), got {len(row)} with answer {answer!r}."
-                )
-            out.append(
-                {
-                    "id": f"{file.stem}:{number}",
-                    "query": row[0].strip(),
-                    "choices": [c.strip() for c in row[1:5]],
-                    "gold": gold,
-                    "subject": subject,
-                }
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"task file {path} cannot be read ({exc}).") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"task file {path} is not valid TOML ({exc}).") from exc
+    for key in raw:
+        if key not in _KEYS:
+            close = difflib.get_close_matches(key, sorted(_KEYS), n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; keys: {', '.join(sorted(_KEYS))}"
+            raise UserError(f"task file {path}: unknown key {key!r}{hint}.")
+    values: dict[str, Any] = {"name": path.stem, **raw}
+    for key in _TEXT_KEYS:
+        if key in values:
+            _check_type(values[key], str, key, path)
+    for key in ("shots", "max_new_tokens", "gold_base"):
+        if key in values:
+            _check_type(values[key], int, key, path)
+    for key in ("stop", "columns"):
+        if key in values:
+            _check_type(values[key], list, key, path)
+            values[key] = tuple(str(v) for v in values[key])
+    if "fields" in values:
+        _check_type(values["fields"], dict, "fields", path)
+        values["fields"] = tuple(sorted(values["fields"].items()))
+    for key in ("reader", "formulation"):
+        if key not in values:
+            raise UserError(
+                f"task file {path} lacks `{key}`; see docs/evaluation.md for the keys of a task file."
             )
-    return out
+    if values["reader"] == "synthetic":
+        values.setdefault("path", "")
+        if values.get("generator") not in SYNTHETIC:
+            raise UserError(
+                f"task file {path}: reader synthetic needs `generator` = one of {', '.join(SYNTHETIC)}."
+            )
+    elif "path" not in values:
+        raise UserError(
+            f"task file {path} lacks `path`: the benchmark file, relative to the tasks directory."
+        )
+    spec = TaskSpec(**values, source=str(path), base=str(base) if base is not None else "")
+    check_spec(spec, str(path))
+    return spec
 
 
-def read_gsm8k(path: Path) -> list[Record]:
-    out = []
-    for number, record in _lines(path):
-        _need(record, ("question", "answer"), path, number)
-        if "####" not in record["answer"]:
-            raise UserError(f"task file {path} line {number}: the answer has no `#### <number>` line.")
-        out.append({"id": number, "question": record["question"], "answer": record["answer"]})
-    return out
+def check_spec(spec: TaskSpec, where: str) -> None:
+    """Formulation, metric and reader of a spec fit together, or a UserError naming `where`."""
+    if spec.formulation not in FORMULATIONS:
+        raise UserError(
+            f"task file {where}: formulation {spec.formulation!r} is not one of {', '.join(FORMULATIONS)}."
+        )
+    metrics = FORMULATIONS[spec.formulation][1]
+    if spec.metric not in metrics:
+        raise UserError(
+            f"task file {where}: metric {spec.metric!r} is not reported by formulation {spec.formulation!r} "
+            f"(it reports {', '.join(metrics)})."
+        )
+    if (spec.reader == "synthetic") != (spec.formulation == "passkey"):
+        raise UserError(f"task file {where}: formulation passkey goes with reader synthetic, and only it.")
 
 
-READERS: dict[str, Callable[[Path], list[Record]]] = {
-    "mosaic": read_mosaic,
-    "olmes": read_olmes,
-    "mmlu": read_mmlu,
-    "gsm8k": read_gsm8k,
-}
-# Tasks made from a fixed seed instead of read from a file (reader "synthetic"): name -> records(limit).
-SYNTHETIC: dict[str, Callable[[int], list[Record]]] = {"passkey": passkey_records}
+@functools.cache
+def _builtin(directory: str) -> dict[str, TaskSpec]:
+    specs = [read_task_file(p) for p in sorted(Path(directory).glob("*.toml"))]
+    return {s.name: s for s in specs}
 
-# ---------------------------------------------------------------------------------------------
-# The registry
 
-_GSM8K_STOP = ("\n\nQuestion:", "Question:", "\n\n\n")
-SPECS: dict[str, TaskSpec] = {
-    spec.name: spec
-    for spec in (
-        TaskSpec("arc_easy", "arc_easy/mosaic_arc_easy_test.jsonl", "mosaic", "cloze", "{query}\nAnswer:"),
-        TaskSpec("arc_easy_mc", "arc_easy/mosaic_arc_easy_test.jsonl", "mosaic", "mc", "{query}"),
-        TaskSpec(
-            "arc_easy_val",
-            "arc_easy/olmes_arc_easy_val_rc_0shot/requests.jsonl.gz",
-            "olmes",
-            "cloze",
-            note="OLMES 570-item validation subset",
-        ),
-        TaskSpec(
-            "hellaswag",
-            "hellaswag/olmes_hellaswag_val1000_rc_5shot/requests.jsonl.gz",
-            "olmes",
-            "cloze",
-            metric="acc_per_char",
-            note="OLMES 1,000-item validation subset",
-        ),
-        TaskSpec("boolq", "boolq/mosaic_boolq_validation.jsonl", "mosaic", "cloze", "{query}\nAnswer:"),
-        TaskSpec("copa", "copa/mosaic_copa_validation.jsonl", "mosaic", "cloze"),
-        TaskSpec(
-            "openbookqa",
-            "openbookqa/mosaic_openbookqa_test.jsonl",
-            "mosaic",
-            "cloze",
-            "Question: {query}\nAnswer:",
-            metric="acc_per_char",
-        ),
-        TaskSpec(
-            "sciq",
-            "sciq/olmes_sciq_val_rc_0shot/requests.jsonl.gz",
-            "olmes",
-            "cloze",
-            "Question: {query}\nAnswer:",
-        ),
-        TaskSpec("siqa", "siqa/mosaic_siqa_validation.jsonl", "mosaic", "mc", note="letters in the file"),
-        TaskSpec(
-            "commonsense_qa",
-            "commonsense_qa/mosaic_commonsense_qa_validation.jsonl",
-            "mosaic",
-            "mc",
-            note="letters in the file",
-        ),
-        TaskSpec("winogrande", "winogrande/mosaic_winogrande_dev.jsonl", "mosaic", "schema"),
-        TaskSpec("winograd_wsc", "winograd_wsc/mosaic_winograd_wsc.jsonl", "mosaic", "schema"),
-        TaskSpec("lambada", "lambada/mosaic_lambada_openai_test.jsonl", "mosaic", "lastword"),
-        TaskSpec(
-            "mmlu",
-            "mmlu/test",
-            "mmlu",
-            "mc",
-            "The following is a question about {subject}.\n\n{query}",
-            shots=5,
-            shots_from="mmlu/dev",
-        ),
-        TaskSpec(
-            "mmlu_cloze",
-            "mmlu/test",
-            "mmlu",
-            "cloze",
-            "Question: {query}\nAnswer:",
-            metric="acc_per_char",
-            shots=5,
-            shots_from="mmlu/dev",
-        ),
-        TaskSpec(
-            "gsm8k",
-            "gsm8k/test.jsonl",
-            "gsm8k",
-            "generate",
-            "Question: {question}\nAnswer:",
-            metric="exact_match",
-            shots=8,
-            stop=_GSM8K_STOP,
-            extract=r"#### *(-?[0-9.,]+)",
-            max_new_tokens=256,
-        ),
-        TaskSpec(
-            "passkey",
-            "synthetic/passkey",
-            "synthetic",
-            "passkey",
-            note=f"generated, no file: pass key retrieval at 1/8 to all of the context ({PASSKEY_VERSION})",
-        ),
-    )
-}
+def builtin_specs() -> dict[str, TaskSpec]:
+    """The tasks shipped with smelt (smelt/eval/task_files/*.toml), by name."""
+    return dict(_builtin(str(BUILTIN_DIR)))
+
+
+def find_specs(tasks_dir: Path | None) -> dict[str, TaskSpec]:
+    """The built-in tasks, then the task files at the top of the tasks directory (which replace a
+    built-in task of the same name)."""
+    specs = builtin_specs()
+    if tasks_dir is not None and tasks_dir.is_dir():
+        for path in sorted(tasks_dir.glob("*.toml")):
+            spec = read_task_file(path)
+            specs[spec.name] = spec
+    return specs
+
+
+def get_spec(name: str, tasks_dir: Path | None = None) -> TaskSpec:
+    """A task by name (built-in, or a task file in tasks_dir), or by the path of its task file."""
+    if name.endswith(".toml"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise UserError(f"task file {name!r} in eval.tasks / --tasks does not exist (from {Path.cwd()}).")
+        return read_task_file(path, base=path.resolve().parent)
+    specs = find_specs(tasks_dir)
+    if name not in specs:
+        raise UserError(
+            f"unknown task {name!r} in eval.tasks / --tasks; known tasks: {', '.join(specs)}. A new task is a "
+            f"task file (docs/evaluation.md): put NAME.toml in the tasks directory, or pass its path."
+        )
+    return specs[name]
 
 
 def find_tasks_dir() -> Path | None:
@@ -298,6 +216,15 @@ def find_tasks_dir() -> Path | None:
         return resolve_tasks_dir()
     except UserError:
         return None
+
+
+def configured_tasks_dir(configured: str) -> Path | None:
+    """eval.tasks_dir when it is a directory, else the one found by default; None when there is none
+    (a task that reads files then stops with resolve_tasks_dir's message, a synthetic one runs)."""
+    if configured:
+        path = Path(configured).expanduser()
+        return path if path.is_dir() else None
+    return find_tasks_dir()
 
 
 def resolve_tasks_dir(configured: str = "") -> Path:
@@ -326,15 +253,38 @@ def resolve_tasks_dir(configured: str = "") -> Path:
     )
 
 
-def get_spec(name: str) -> TaskSpec:
-    if name not in SPECS:
-        raise UserError(f"unknown task {name!r} in eval.tasks / --tasks; known tasks: {', '.join(SPECS)}.")
-    return SPECS[name]
-
-
 def available_tasks(tasks_dir: Path) -> list[str]:
-    """The registered tasks whose file exists under tasks_dir."""
-    return [n for n, spec in SPECS.items() if spec.reader == "synthetic" or (tasks_dir / spec.path).exists()]
+    """The known tasks whose file exists under tasks_dir."""
+    return [
+        n
+        for n, spec in find_specs(tasks_dir).items()
+        if not spec.needs_files() or (spec.root(tasks_dir) / spec.path).exists()
+    ]
+
+
+def _data_paths(spec: TaskSpec, tasks_dir: Path | None) -> list[Path]:
+    root = spec.root(tasks_dir) or Path()
+    named = (spec.path, spec.labels, spec.shots_from, spec.shots_labels)
+    return [root / p for p in named if p] if spec.needs_files() else []
+
+
+def task_fingerprint(spec: TaskSpec, tasks_dir: Path | None) -> dict[str, Any]:
+    """What decides a task's records and prompts: the task file's bytes (or the spec's fields when it
+    was made in code), and the content hash of each file it reads (or its generator's version)."""
+    from smelt.manifest import hash_file, hash_files
+
+    definition = spec.fingerprint()
+    if spec.source and Path(spec.source).is_file():
+        definition = hash_file(spec.source)[:16]
+    data: dict[str, str] = {}
+    for path in _data_paths(spec, tasks_dir):
+        if path.is_dir():
+            data[path.name] = hash_files([p for p in path.rglob("*") if p.is_file()], path)[:16]
+        elif path.is_file():
+            data[path.name] = hash_file(path)[:16]
+    if not spec.needs_files():
+        data[spec.generator] = SYNTHETIC[spec.generator][1]
+    return {"definition": definition, "data": data}
 
 
 @dataclass
@@ -358,21 +308,47 @@ class Task:
         return self.shots[: self.n_shots]
 
 
-def load_task(spec: TaskSpec, tasks_dir: Path, limit: int = 0, shots: int = -1) -> Task:
+def _read(spec: TaskSpec, path: Path, labels: Path | None) -> list[Record]:
+    """Records of one of the task's files, each checked to have the shape its formulation scores."""
+    where = f"task {spec.name!r}" + (f" ({spec.source})" if spec.source else "")
+    try:
+        records = read_records(path, spec.file_format(), labels)
+    except BenchmarkFileError as exc:
+        raise UserError(
+            f"{where}: {exc} Restore the original file, or fix the task file's reader and fields."
+        ) from exc
+    shape = FORMULATIONS[spec.formulation][0]
+    for number, record in enumerate(records, start=1):
+        missing = [k for k in SHAPES[shape] if k not in record]
+        if missing:
+            raise UserError(
+                f"{where}: record {number} of {path} has no {', '.join(missing)}, which formulation "
+                f"{spec.formulation!r} scores ({shape}: {', '.join(SHAPES[shape])}). Map them in the task "
+                f"file's [fields] table (its fields: {sorted(record)})."
+            )
+    return records
+
+
+def load_task(spec: TaskSpec, tasks_dir: Path | None, limit: int = 0, shots: int = -1) -> Task:
     """Read a task's file, draw its few-shot examples and its scored subset (both seeded, fixed).
 
     shots = -1 keeps the spec's count. Raises UserError when the file is missing or malformed. A
     synthetic task is generated (tasks_dir unused), `limit` items or its default count, never shots."""
-    if spec.reader == "synthetic":
-        records = SYNTHETIC[spec.name](limit)
+    if not spec.needs_files():
+        records = SYNTHETIC[spec.generator][0](limit)
         return Task(spec, records, total=len(records))
-    path = tasks_dir / spec.path
+    root = spec.root(tasks_dir)
+    if root is None:
+        raise UserError(
+            f"task {spec.name!r} reads {spec.path}, but no tasks directory is set: set eval.tasks_dir."
+        )
+    path = root / spec.path
     if not path.exists():
         raise UserError(
             f"task {spec.name!r}: {path} does not exist. Point eval.tasks_dir at the benchmark files, or drop "
-            f"the task from eval.tasks (tasks found there: {', '.join(available_tasks(tasks_dir)) or 'none'})."
+            f"the task from eval.tasks (tasks found there: {', '.join(available_tasks(root)) or 'none'})."
         )
-    records = READERS[spec.reader](path)
+    records = _read(spec, path, root / spec.labels if spec.labels else None)
     if not records:
         raise UserError(f"task {spec.name!r}: {path} holds no records.")
     total = len(records)
@@ -380,10 +356,10 @@ def load_task(spec: TaskSpec, tasks_dir: Path, limit: int = 0, shots: int = -1) 
     rng = random.Random(f"{SUBSET_SEED}:{spec.name}")
     examples: list[Record] = []
     if n_shots and spec.shots_from:
-        source = tasks_dir / spec.shots_from
+        source = root / spec.shots_from
         if not source.exists():
             raise UserError(f"task {spec.name!r}: few-shot file {source} does not exist; set eval.shots = 0.")
-        examples = READERS[spec.reader](source)
+        examples = _read(spec, source, root / spec.shots_labels if spec.shots_labels else None)
         if "subject" not in examples[0]:
             examples = rng.sample(examples, min(n_shots, len(examples)))
     elif n_shots:  # shots come from the file itself and are then not scored
