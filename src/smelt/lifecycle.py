@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.layout import MARKER
 
 # Keys (per config section) that cannot change a stage's outputs or a training trajectory.
 NEUTRAL_KEYS: dict[str, frozenset[str]] = {
@@ -110,7 +111,7 @@ def committed_checkpoints(stage_dir: Path) -> int:
     folder = Path(stage_dir) / "checkpoints"
     if not folder.is_dir():
         return 0
-    return sum(1 for p in folder.iterdir() if p.name.startswith("step_") and (p / "COMMITTED").is_file())
+    return sum(1 for p in folder.iterdir() if p.name.startswith("step_") and (p / MARKER).is_file())
 
 
 def costly_work(

@@ -103,24 +103,12 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _export_hf(args: argparse.Namespace) -> int:
-    from smelt.checkpoint import latest_checkpoint
-    from smelt.errors import UserError
+    from smelt.layout import checkpoints_dir, resolve_checkpoints
     from smelt.model.hf import export_hf
     from smelt.summary import flat, print_table
 
     run = Path(args.run)
-    checkpoints = run / "train" / "checkpoints"
-    if args.checkpoint == "latest":
-        checkpoint = latest_checkpoint(checkpoints)
-    elif args.checkpoint.isdigit():
-        checkpoint = checkpoints / f"step_{int(args.checkpoint):07d}"
-    else:  # a checkpoint directory, e.g. one written by `smelt checkpoint average`
-        checkpoint = Path(args.checkpoint)
-    if checkpoint is None or not (checkpoint / "COMMITTED").is_file():
-        raise UserError(
-            f"no committed checkpoint {args.checkpoint!r} under {checkpoints}. Train the run first "
-            f"(`smelt run CONFIG`), or pass --checkpoint latest or a step listed there."
-        )
+    (checkpoint,) = resolve_checkpoints(checkpoints_dir(run), args.checkpoint, allow_all=False)
     out = Path(args.out) if args.out else run / "export" / "hf"
     summary = export_hf(checkpoint, run / "tokenizer", out, dtype=args.dtype)
     print_table([(k, v) for k, v in flat(summary).items()])

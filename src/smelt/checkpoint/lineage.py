@@ -28,6 +28,7 @@ from smelt.checkpoint.store import (
     step_of,
 )
 from smelt.errors import UserError
+from smelt.layout import MARKER
 
 # Keys that fix the shapes of the weights; a fork may change anything else (RoPE, sequence length, ...).
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tie_embeddings", "qk_norm")
@@ -65,7 +66,7 @@ def resolve_parent(spec: str) -> Parent:
         text = match.group(1)
         step = None if match.group(2) == "latest" else int(match.group(2))
     path = Path(text)
-    if (path / "COMMITTED").is_file() or path.name.startswith("step_"):
+    if (path / MARKER).is_file() or path.name.startswith("step_"):
         checkpoint = path
     else:
         folder = next(
@@ -85,7 +86,7 @@ def resolve_parent(spec: str) -> Parent:
         else:
             checkpoint = folder / step_dir_name(step)
             if not checkpoint.is_dir():
-                steps = sorted(step_of(p) for p in folder.iterdir() if (p / "COMMITTED").is_file())
+                steps = sorted(step_of(p) for p in folder.iterdir() if (p / MARKER).is_file())
                 raise UserError(
                     f"train.init_from = {spec!r}: no checkpoint at step {step} under {folder}; committed "
                     f"steps: {', '.join(map(str, steps)) or 'none'}."

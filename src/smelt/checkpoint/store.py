@@ -29,7 +29,6 @@ import json
 import os
 import pickle
 import random
-import re
 import shutil
 import warnings
 from collections.abc import Iterator
@@ -45,28 +44,21 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from smelt.checkpoint.failures import SAVE_ERRORS, save_failed, state_nbytes
 from smelt.config import ModelConfig
 from smelt.errors import UserError
+from smelt.layout import (  # re-exported: callers of the store see one checkpoint API
+    MARKER,
+    META,
+    latest_checkpoint,
+    list_checkpoints,
+    step_dir_name,
+    step_dirs,
+    step_of,
+)
 from smelt.manifest import hash_file
 from smelt.model.transformer import Transformer
 
-MARKER = "COMMITTED"
-META = "meta.json"
 # Where checkpoints newer than a resume point go: kept (they took compute), out of the resume chain.
 SUPERSEDED = "superseded"
-_STEP_DIR = re.compile(r"^step_(\d{7,})$")
 _RANK_FILE = "rank_{:05d}.json"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:07d}"
-
-
-def step_of(checkpoint_dir: Path) -> int:
-    match = _STEP_DIR.match(Path(checkpoint_dir).name)
-    if match is None:
-        raise UserError(
-            f"{checkpoint_dir} is not a checkpoint directory (expected a name like step_0000100)."
-        )
-    return int(match.group(1))
 
 
 @contextlib.contextmanager
@@ -315,26 +307,6 @@ def save_checkpoint(
 
 
 # --- reading ----------------------------------------------------------------------------------
-
-
-def step_dirs(checkpoints_dir: Path) -> list[Path]:
-    """Every step_NNNNNNN directory, committed or not, oldest step first."""
-    checkpoints_dir = Path(checkpoints_dir)
-    if not checkpoints_dir.is_dir():
-        return []
-    return sorted(
-        (p for p in checkpoints_dir.iterdir() if _STEP_DIR.match(p.name) and p.is_dir()), key=step_of
-    )
-
-
-def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
-    """Committed checkpoint directories, oldest step first."""
-    return [p for p in step_dirs(checkpoints_dir) if (p / MARKER).is_file()]
-
-
-def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
-    found = list_checkpoints(checkpoints_dir)
-    return found[-1] if found else None
 
 
 def latest_valid_checkpoint(checkpoints_dir: Path) -> tuple[Path | None, list[str]]:

@@ -31,6 +31,7 @@ from smelt.checkpoint.store import (
 )
 from smelt.config import ModelConfig
 from smelt.errors import UserError
+from smelt.layout import resolve_checkpoints
 from smelt.manifest import combined_hash
 from smelt.model.transformer import Transformer
 from smelt.progress import progress
@@ -150,21 +151,8 @@ def verify(path: str | Path, step: int | None = None, every: bool = False) -> st
     if (path / MARKER).is_file() or (path / META).is_file():  # a checkpoint directory itself
         targets = [path]
     else:
-        checkpoints_dir = checkpoints_dir_of(path)
-        committed = list_checkpoints(checkpoints_dir)
-        if step is not None:
-            targets = [p for p in committed if int(_STEP_DIR.match(p.name).group(1)) == step]
-            if not targets:
-                have = ", ".join(str(int(_STEP_DIR.match(p.name).group(1))) for p in committed) or "none"
-                raise UserError(
-                    f"no committed checkpoint of step {step} in {checkpoints_dir} (committed steps: {have})."
-                )
-        elif every:
-            targets = committed
-        else:
-            targets = committed[-1:]
-        if not targets:
-            raise UserError(f"no committed checkpoint in {checkpoints_dir} to verify.")
+        which = "all" if every else "latest" if step is None else str(step)
+        targets = resolve_checkpoints(checkpoints_dir_of(path), which)
     lines, failures = [], []
     for target in progress(targets, desc="verify", unit="ckpt"):
         try:

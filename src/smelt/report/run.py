@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from smelt import layout
 from smelt.errors import UserError
 
-STAGE_DIRS = ("documents", "tokenizer", "tokens", "train", "eval")
+STAGE_DIRS = tuple(layout.STAGE_DIRS.values())  # directory names, in pipeline order
 _STEP_FILE = re.compile(r"step_(\d+)\.json$")
 
 

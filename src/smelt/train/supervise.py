@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from smelt import layout
 from smelt.checkpoint.store import (
     SUPERSEDED,
     checkpoint_at_step,
@@ -236,9 +237,8 @@ def prepare_resume_from(cfg: Config, step: int, restart: bool = False) -> list[P
     checkpoints/superseded/ (kept, not deleted), so the stage resumes from STEP. Rank 0 alone moves;
     returns where the moved directories went."""
     from smelt.manifest import read_manifest
-    from smelt.pipeline import stage_dir
 
-    train_dir = stage_dir(cfg, "train")
+    train_dir = layout.stage_dir(cfg.run_dir, "train")
     if restart:
         raise UserError(
             f"--resume-from {step} continues the run from a checkpoint, and --restart/--force start it over "
@@ -274,7 +274,6 @@ def run_supervised(
 ) -> int:
     """`smelt train CONFIG --max-restarts N [--restart-backoff S]`: train in a supervised child."""
     from smelt.config import load_config
-    from smelt.pipeline import stage_dir
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UserError(
@@ -286,7 +285,7 @@ def run_supervised(
     flags = {"force": force, "restart": restart, "resume_from": resume_from}
     outcome = supervise(
         child_command(config, overrides, first=True, **flags),
-        stage_dir(cfg, "train") / "checkpoints",
+        layout.checkpoints_dir(cfg.run_dir),
         cfg.run_dir / RESTARTS_LOG,
         max_restarts,
         backoff_base_s=backoff_base_s,
