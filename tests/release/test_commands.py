@@ -55,3 +55,39 @@ def test_release_force_replaces_an_earlier_release(tiny_run, released, tmp_path)
     args = _parse(["release", str(run_dir), str(out), "--force"])
     assert args.func(args) == 0
     assert not (out / "stale.txt").exists() and (out / "release.json").is_file()
+
+
+def test_smelt_release_verify_exits_2_naming_the_flipped_file(released, tmp_path, capsys):
+    from smelt.cli import main
+
+    copy = tmp_path / "copy"
+    shutil.copytree(released, copy)
+    target = copy / "revisions" / "step_0000002" / "model.safetensors"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    target.write_bytes(bytes(data))
+    assert main(["release", "--verify", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "revisions/step_0000002/model.safetensors does not match its sha256 in release.json" in err
+
+
+def test_smelt_inspect_batches_replays_a_release(tiny_run, released, capsys):
+    from smelt.cli import main
+
+    run_dir, _ = tiny_run
+    argv = [
+        "inspect",
+        "batches",
+        str(released),
+        "--step",
+        "5",
+        "--rows",
+        "1",
+        "--tokens",
+        str(run_dir / "tokens"),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.startswith("step 5: trained into checkpoint step 6") and "row 0:" in out and "row 1:" not in out
+    )

@@ -39,10 +39,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p = looks.add_parser(
         "batches",
         help="decode what the model sees at a training step, with sources and document boundaries",
-        description="Rebuild the loader of CONFIG (mixture, curriculum, shuffle, packing) and decode the "
-        "global batch of step N: the source of every row and where each document starts.",
+        description="Decode the global batch of step N: the source of every row and where each document "
+        "starts. For a release (`smelt release`), replayed from its data order and the token shards; for a run "
+        "directory or a pipeline TOML file, recomputed by the run's loader (mixture, curriculum, shuffle, packing).",
     )
-    add_config_args(p, force=False)
+    add_config_args(p, "a release directory, a run directory or a pipeline TOML file", force=False)
+    p.add_argument("--tokens", default=None, help="a release's token shards (default: its tokens/, else the run's)")
     p.add_argument("--step", type=int, required=True, help="optimizer step (1 is the first)")
     p.add_argument("--rows", type=int, default=8, help="rows of the global batch to show (0: all)")
     p.set_defaults(func=_inspect_batches)
@@ -67,8 +69,6 @@ def _inspect_shards(args: argparse.Namespace) -> int:
 
 
 def _inspect_batches(args: argparse.Namespace) -> int:
-    from smelt.config import load_config
-    from smelt.tokens.inspect import describe_batch
+    from smelt.tokens.batches import inspect_batches
 
-    print(describe_batch(load_config(args.config, args.overrides), args.step, rows=args.rows))
-    return 0
+    return inspect_batches(args)
