@@ -1,0 +1,235 @@
+"""Generative evaluation of chat models: exact match on verifiable answers (GSM8K, arithmetic) in the
+chat format and as a few-shot plain-text prompt, preference accuracy, and a sample gallery.
+
+Replies are decoded greedily with the KV-cache generator in batches; a chat reply stops at
+`<|end_of_turn|>`, a few-shot answer at the end of its line block (the next `Question:`) or EOS. The
+answer compared is the number after `####`, else the last number of the reply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from smelt.model.generate import generate
+from smelt.posttrain.chat import final_number, normalize_number, prompt_of, read_gsm8k
+from smelt.posttrain.rewards import Reward
+from smelt.posttrain.template import ChatFormat
+
+GALLERY_PROMPTS = (
+    "What is 17+25?",
+    "Janet has 3 apples and buys 5 more. How many apples does she have?",
+    "Can you tell me how to make a cup of tea?",
+    "What is the capital of France?",
+    "Write one sentence about the sea.",
+)
+
+
+def generate_replies(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    stop_id: int,
+    max_new_tokens: int,
+    batch_size: int = 16,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[int]]:
+    """The new ids of each prompt (greedy at temperature 0), decoded in batches against a KV cache."""
+    replies: list[list[int]] = []
+    limit = model.cfg.max_seq_len
+    for start in range(0, len(prompts), batch_size):
+        chunk = [p[-(limit - max_new_tokens) :] if len(p) + max_new_tokens > limit else p
+                 for p in prompts[start : start + batch_size]]  # fmt: skip
+        out = generate(
+            model, chunk, max_new_tokens, temperature=temperature, seed=seed + start, eos_id=stop_id
+        )
+        replies += [o[len(p) :] for p, o in zip(chunk, out, strict=True)]
+    return replies
+
+
+def chat_exact_match(
+    model: torch.nn.Module,
+    chat: ChatFormat,
+    items: list[dict[str, Any]],
+    max_new_tokens: int,
+    batch_size: int = 16,
+    samples: int = 3,
+) -> dict[str, Any]:
+    """Exact match of the chat format's greedy replies to each item's "answer"."""
+    prompts = [chat.prompt_ids(prompt_of(item)) for item in items]
+    replies = [
+        chat.decode_reply(r)
+        for r in generate_replies(model, prompts, chat.end_of_turn_id, max_new_tokens, batch_size)
+    ]
+    return _scored(items, replies, samples)
+
+
+def few_shot_prompt(shots: list[dict[str, Any]], question: str) -> str:
+    blocks = [
+        f"Question: {s['messages'][0]['content']}\nAnswer: {s['messages'][-1]['content']}" for s in shots
+    ]
+    return "\n\n".join([*blocks, f"Question: {question}\nAnswer:"])
+
+
+def few_shot_exact_match(
+    model: torch.nn.Module,
+    chat: ChatFormat,
+    items: list[dict[str, Any]],
+    shots: list[dict[str, Any]],
+    max_new_tokens: int,
+    batch_size: int = 8,
+    samples: int = 3,
+) -> dict[str, Any]:
+    """Exact match with a plain-text k-shot prompt (`Question: ...\\nAnswer: ...`), for base models."""
+    tokenizer = chat.tokenizer
+    prompts = [[tokenizer.eos_id] + tokenizer.encode(few_shot_prompt(shots, prompt_of(item)[-1]["content"]))
+               for item in items]  # fmt: skip
+    raw = generate_replies(model, prompts, tokenizer.eos_id, max_new_tokens, batch_size)
+    replies = [tokenizer.decode(r, skip_special_tokens=True).split("\n\nQuestion")[0].strip() for r in raw]
+    return {**_scored(items, replies, samples), "shots": len(shots)}
+
+
+def _scored(items: list[dict[str, Any]], replies: list[str], samples: int) -> dict[str, Any]:
+    correct = [
+        final_number(r) == normalize_number(str(item["answer"]))
+        for item, r in zip(items, replies, strict=True)
+    ]
+    return {
+        "exact_match": sum(correct) / len(items) if items else None,
+        "items": len(items),
+        "samples": [
+            {
+                "prompt": prompt_of(item)[-1]["content"],
+                "reply": reply,
+                "answer": item["answer"],
+                "correct": ok,
+            }
+            for item, reply, ok in list(zip(items, replies, correct, strict=True))[:samples]
+        ],  # fmt: skip
+    }
+
+
+def mean_reward(
+    model: torch.nn.Module,
+    chat: ChatFormat,
+    items: list[dict[str, Any]],
+    reward: Reward,
+    max_new_tokens: int,
+    batch_size: int = 16,
+) -> float | None:
+    """The mean reward of greedy chat replies."""
+    if not items:
+        return None
+    prompts = [chat.prompt_ids(prompt_of(item)) for item in items]
+    replies = generate_replies(model, prompts, chat.end_of_turn_id, max_new_tokens, batch_size)
+    return sum(reward(chat.decode_reply(r), item) for r, item in zip(replies, items, strict=True)) / len(
+        items
+    )
+
+
+def gallery(
+    model: torch.nn.Module,
+    chat: ChatFormat,
+    prompts: tuple[str, ...] = GALLERY_PROMPTS,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+) -> list[dict[str, str]]:
+    """A greedy and a sampled (temperature 0.8) reply to each prompt."""
+    ids = [chat.prompt_ids([{"role": "user", "content": p}]) for p in prompts]
+    greedy = generate_replies(model, ids, chat.end_of_turn_id, max_new_tokens)
+    sampled = generate_replies(model, ids, chat.end_of_turn_id, max_new_tokens, temperature=0.8, seed=seed)
+    return [{"prompt": p, "greedy": chat.decode_reply(g), "sampled": chat.decode_reply(s)}
+            for p, g, s in zip(prompts, greedy, sampled, strict=True)]  # fmt: skip
+
+
+def gsm8k_items(path: str | Path, limit: int) -> list[dict[str, Any]]:
+    items = read_gsm8k(path)
+    return items[:limit] if limit else items
+
+
+def preference_accuracy(
+    model: torch.nn.Module, chat: ChatFormat, pairs: list[dict[str, Any]], seq_len: int, batch_size: int = 16
+) -> dict[str, Any]:
+    """The share of pairs whose chosen reply has the higher mean token log-prob (no reference needed)."""
+    from smelt.posttrain.dpo import encode_pair, pair_logps
+    from smelt.train.precision import Precision
+
+    device = model.tok_emb.weight.device
+    encoded = [encode_pair(chat, p, seq_len) for p in pairs]
+    wins = 0
+    was = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(encoded), batch_size):
+            got = pair_logps(model, encoded[start : start + batch_size], chat.tokenizer.pad_id, device,
+                             Precision("fp32", device.type))  # fmt: skip
+            wins += int(
+                (
+                    got["chosen"] / got["chosen_len"].clamp(min=1)
+                    > got["rejected"] / got["rejected_len"].clamp(min=1)
+                ).sum()
+            )
+    model.train(was)
+    return {"logp_accuracy": wins / len(pairs) if pairs else None, "pairs": len(pairs)}
+
+
+def evaluate_run(
+    run_dir: str | Path,
+    checkpoint: str = "latest",
+    gsm8k: str | Path | None = None,
+    pairs: str | Path | None = None,
+    addition: int = 0,
+    limit: int = 64,
+    few_shot: int = 0,
+    shots_from: str | Path | None = None,
+    max_new_tokens: int = 128,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """Score one checkpoint of a run: GSM8K exact match (chat, and k-shot when few_shot > 0), addition
+    exact match, preference accuracy and the gallery; written to RUN/posttrain_eval/step_NNNNNNN.json."""
+    import json
+
+    from smelt.checkpoint.store import latest_checkpoint, load_model, step_dir_name
+    from smelt.errors import UserError
+    from smelt.manifest import write_json
+    from smelt.posttrain.chat import addition_items, read_hh_rlhf, read_preferences
+    from smelt.tokenizer.load import Tokenizer
+
+    run_dir = Path(run_dir)
+    folder = run_dir / "train" / "checkpoints"
+    path = latest_checkpoint(folder) if checkpoint == "latest" else folder / step_dir_name(int(checkpoint))
+    if path is None or not (path / "COMMITTED").is_file():
+        raise UserError(
+            f"no committed checkpoint {checkpoint!r} under {folder}; pass a run directory written by a training "
+            f"or post-training stage, and --checkpoint latest or a step listed there."
+        )
+    model, meta = load_model(path, device)
+    model.eval()
+    chat = ChatFormat(Tokenizer.load(run_dir / "tokenizer"))
+    result: dict[str, Any] = {"run_dir": str(run_dir), "checkpoint": str(path), "step": meta.get("step"),
+                              "stage": meta.get("stage", "pretrain")}  # fmt: skip
+    if gsm8k:
+        items = gsm8k_items(gsm8k, limit)
+        result["gsm8k_chat"] = chat_exact_match(model, chat, items, max_new_tokens)
+        if few_shot:
+            shots = gsm8k_items(shots_from or gsm8k, few_shot + len(items))[-few_shot:]
+            result["gsm8k_few_shot"] = few_shot_exact_match(model, chat, items, shots, max_new_tokens)
+    if addition:
+        result["addition_chat"] = chat_exact_match(model, chat, addition_items(addition, seed=999), 16)
+    if pairs:
+        if str(pairs).endswith(".gz"):
+            loaded, _ = read_hh_rlhf(pairs)
+        else:
+            loaded = read_preferences(pairs)
+        result["preference"] = preference_accuracy(
+            model, chat, loaded[-limit:] if limit else loaded, model.cfg.max_seq_len
+        )
+    result["gallery"] = gallery(model, chat)
+    out = run_dir / "posttrain_eval" / f"{path.name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(out, result)
+    result["path"] = str(out)
+    json.dumps(result)  # every figure is JSON
+    return result
