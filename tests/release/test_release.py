@@ -237,3 +237,24 @@ def test_into_a_git_repository_each_revision_is_a_branch_that_verifies(tiny_run,
     ).stdout.split()
     assert "model.safetensors" in files and "config.json" in files
     assert dict(verify_release(out))["step_0000002"] == "loads in transformers; logits match smelt's"
+
+
+def test_by_default_the_milestones_and_the_final_checkpoint_are_released(tiny_run, tmp_path):
+    from smelt.manifest import hash_file
+    from smelt.release.build import select_checkpoints
+
+    run_dir, _ = tiny_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    checkpoint = _checkpoint(copy, 4)  # made an ordinary (prunable) checkpoint, its marker re-stamped
+    meta = json.loads((checkpoint / "meta.json").read_text())
+    (checkpoint / "meta.json").write_text(json.dumps({**meta, "milestone": False}))
+    marker = json.loads((checkpoint / "COMMITTED").read_text())
+    marker["meta_sha256"] = hash_file(checkpoint / "meta.json")
+    (checkpoint / "COMMITTED").write_text(json.dumps(marker))
+    assert [p.name for p in select_checkpoints(copy)] == ["step_0000002", "step_0000006"]
+    assert [p.name for p in select_checkpoints(copy, every=True)] == [
+        "step_0000002",
+        "step_0000004",
+        "step_0000006",
+    ]

@@ -48,6 +48,12 @@ def revision_name(step: int) -> str:
     return f"step_{step:07d}"
 
 
+def committed_steps(run_dir: Path) -> list[int]:
+    from smelt.checkpoint.store import list_checkpoints, step_of
+
+    return [step_of(p) for p in list_checkpoints(run_dir / "train" / "checkpoints")]
+
+
 def select_checkpoints(run_dir: Path, every: bool = False) -> list[Path]:
     """The checkpoints to release: the milestones and the final one (every committed one with `every`)."""
     from smelt.checkpoint.store import list_checkpoints, read_meta
@@ -231,6 +237,8 @@ def release_run(
         "layout": "git-branches" if is_git else "folders",
         "revisions": revisions,
         "final": revisions[-1]["revision"],
+        # committed checkpoints left out (neither milestones nor the final one): --all-checkpoints adds them
+        "not_released": sorted(set(committed_steps(run_dir)) - {r["step"] for r in revisions}),
         "files": _hash_tree(out_dir),
     }
     write_json(out_dir / RELEASE_JSON, release)

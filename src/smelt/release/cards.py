@@ -165,6 +165,8 @@ def model_card(run_dir: Path, facts: dict[str, Any]) -> str:
         "",
         "## Use",
         "",
+        "`PATH` is this directory, or its repository id once it is uploaded to a model hub.",
+        "",
         "```python",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "",

@@ -88,5 +88,10 @@ def run(args: argparse.Namespace) -> int:
     rows = [(r["revision"], f"step {r['step']:,}, {r['tokens'] or 0:,} tokens") for r in release["revisions"]]
     rows.append(("files", f"{len(release['files'])} (sha256 in release.json)"))
     print_table(rows)
+    if release["not_released"]:
+        steps = ", ".join(map(str, release["not_released"]))
+        print(
+            f"\nnot released (not milestones): the checkpoints of steps {steps}; --all-checkpoints adds them"
+        )
     print(f"\nrelease: {args.out} (check it with `smelt release --verify {args.out}`)")
     return 0
