@@ -91,3 +91,15 @@ def test_smelt_inspect_batches_replays_a_release(tiny_run, released, capsys):
     assert (
         out.startswith("step 5: trained into checkpoint step 6") and "row 0:" in out and "row 1:" not in out
     )
+
+
+def test_inspect_batches_of_a_run_directory_shows_the_rows_its_release_replays(tiny_run, released, capsys):
+    from smelt.cli import main
+
+    run_dir, _ = tiny_run
+    assert main(["inspect", "batches", str(run_dir), "--step", "4", "--rows", "2"]) == 0
+    recomputed = capsys.readouterr().out.split("────────")
+    assert main(["inspect", "batches", str(released), "--step", "4", "--rows", "2"]) == 0
+    replayed = capsys.readouterr().out.split("────────")
+    assert recomputed[0].startswith("step 4 of 6") and len(recomputed) == len(replayed) == 5
+    assert recomputed[2] == replayed[2] and recomputed[4] == replayed[4]  # the decoded rows, token for token
