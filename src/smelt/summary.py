@@ -139,10 +139,12 @@ def eval_time(summary: dict[str, Any]) -> str:
 
 def eval_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [("checkpoint", result["checkpoint"])]
-    overall = result["heldout"]["overall"]
+    heldout = result.get("heldout", {})  # absent when only text sets (smelt eval --data) were scored
+    overall = heldout.get("overall", {})
     weighting = overall.get("loss_weighting")
     everything = f"all ({weighting}-weighted loss)" if weighting else "all"
-    for source, figures in sorted(result["heldout"]["per_source"].items()) + [(everything, overall)]:
+    scored = sorted(heldout.get("per_source", {}).items()) + ([(everything, overall)] if overall else [])
+    for source, figures in scored:
         rows.append(
             (
                 f"{source}: loss / bits-per-byte",

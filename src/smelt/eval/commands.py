@@ -25,9 +25,28 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         default="latest",
         help="latest (default), all (every retained checkpoint not yet evaluated) or a step number",
     )
-    p.add_argument("--tasks", default=None, help="comma-separated tasks (default: eval.tasks); '' for none")
+    p.add_argument(
+        "--tasks",
+        default=None,
+        help="comma-separated task names or task files (NAME.toml paths) (default: eval.tasks); '' for none",
+    )
     p.add_argument("--limit", type=int, default=None, help="items per task (default: eval.limit; 0: all)")
-    p.add_argument("--tasks-dir", default=None, help="benchmark files (default: eval.tasks_dir)")
+    p.add_argument(
+        "--tasks-dir", default=None, help="benchmark files and task files (default: eval.tasks_dir)"
+    )
+    p.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="score bits per byte on a text set (.txt, .md, .jsonl, .jsonl.gz, .parquet, or a folder of "
+        "them) next to gzip and xz on the same bytes, instead of the run's validation split (repeatable)",
+    )
+    p.add_argument(
+        "--data-field",
+        default="text",
+        help="--data jsonl field / parquet column holding the text (default: text)",
+    )
     add_common(p)
     p.set_defaults(func=_eval)
 
@@ -38,8 +57,10 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = config_for_run(args.run, args.overrides)
     if args.tasks_dir is not None:
         cfg.eval.tasks_dir = args.tasks_dir
-    if args.checkpoint != "latest" or args.tasks is not None or args.limit is not None:
-        return _eval_checkpoint(cfg, args.checkpoint, args.tasks, args.limit, args.force)
+    if args.checkpoint != "latest" or args.tasks is not None or args.limit is not None or args.data:
+        return _eval_checkpoint(
+            cfg, args.checkpoint, args.tasks, args.limit, args.force, args.data, args.data_field
+        )
     from smelt.eval.run import write_views
     from smelt.pipeline import run_stage
 
@@ -75,17 +96,49 @@ def config_for_run(run: str, overrides: list[str]) -> Config:
 
 
 def _eval_checkpoint(
-    cfg: Config, checkpoint: str, tasks: str | None, limit: int | None, force: bool = False
+    cfg: Config,
+    checkpoint: str,
+    tasks: str | None,
+    limit: int | None,
+    force: bool = False,
+    data: list[str] | None = None,
+    data_field: str = "text",
 ) -> int:
-    from smelt.eval.run import evaluate_checkpoints
+    """Score what the checkpoints' step files lack of what was asked for, and print what was asked
+    for (a step file may hold more: other tasks and text sets scored before)."""
+    from smelt.eval.run import evaluate_checkpoints, plan_request
     from smelt.summary import eval_rows, print_table
 
     if limit is not None and limit < 0:
         raise UserError(f"--limit {limit} must be 0 (every item) or a positive number of items per task.")
     names = None if tasks is None else [t.strip() for t in tasks.split(",") if t.strip()]
-    results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, names, limit, force=force)
+    if data and names is None:
+        names = []  # --data alone scores the text sets only
+    request = plan_request(cfg, cfg.run_dir, names, limit, data or (), data_field, heldout=not data)
+    results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, force=force, request=request)
     for result in results:
-        print_table(eval_rows(result))
+        asked = {**result, "tasks": {n: t for n, t in result.get("tasks", {}).items() if n in request.specs}}
+        if data:
+            asked.pop("heldout", None)
+        print_table(eval_rows(asked) + data_rows(result, list(request.data)))
         print()
     print(f"written: {cfg.run_dir / 'eval'} (step files, curves.jsonl, gallery.json)")
     return 0
+
+
+def data_rows(result: dict, labels: list[str]) -> list[tuple[str, str]]:
+    """One row per text set: the model's bits per byte, then the compressors' on the same bytes."""
+    rows = []
+    for label in labels:
+        f = result.get("data", {})[label]
+        rows.append(
+            (
+                f"{label}: loss / bits-per-byte",
+                f"{f['loss']:.4f} / {f['bits_per_byte']:.4f} "
+                f"({f['documents']} documents, {f['bytes']:,} bytes, {f['tokens']:,} tokens)",
+            )
+        )
+        rows.append((f"{label}: gzip / xz bits-per-byte", f"{f['gzip_bits_per_byte']:.4f} / "
+                     f"{f['xz_bits_per_byte']:.4f} whole set; {f['gzip_window_bits_per_byte']:.4f} / "
+                     f"{f['xz_window_bits_per_byte']:.4f} per {f['seq_len']}-token window"))  # fmt: skip
+    return rows

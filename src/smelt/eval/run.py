@@ -358,12 +358,13 @@ def evaluate_checkpoints(
     data: list[str] | tuple[str, ...] = (),
     data_field: str = "text",
     heldout: bool = True,
+    request: Request | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate `which` checkpoints, each scoring only what its step file lacks (unless `force`),
     then rebuild the views. `data`: text sets to score bits per byte on; `heldout`: whether the run's
-    validation split and the samples are part of the request."""
+    validation split and the samples are part of the request; `request`: all of these, planned."""
     out_dir = run_dir / "eval"
-    request = plan_request(cfg, run_dir, tasks, limit, data, data_field, heldout)
+    request = request or plan_request(cfg, run_dir, tasks, limit, data, data_field, heldout)
     cache = TaskCache(cfg, request)
     results = []
     for path in resolve_checkpoints(run_dir, which):
