@@ -189,10 +189,9 @@ class RayExecutor(TaskExecutor):
         ray = self._ray = _import_ray(key)
         self._started = False
         if not ray.is_initialized():
-            options: dict[str, Any] = {"include_dashboard": False}
-            if address:
-                options["address"] = address
-            else:  # a local Ray: as many CPUs as the stage's workers
+            # "local" starts a Ray of its own even where `ray start` left a cluster running
+            options: dict[str, Any] = {"include_dashboard": False, "address": address or "local"}
+            if not address:  # as many CPUs as the stage's workers
                 options["num_cpus"] = resolve_workers(workers)
             try:
                 ray.init(**options)

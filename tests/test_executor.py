@@ -1,0 +1,59 @@
+"""The executor seam without Ray: the process pool, and the messages when Ray is asked for but missing."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from smelt.config import DataConfig, SourceConfig
+from smelt.data.curate import curate
+from smelt.errors import UserError
+from smelt.executors import ProcessPool, make_executor
+
+
+def _pid_and_square(value: int, offset: int) -> tuple[int, int]:
+    return os.getpid(), value * value + offset
+
+
+def _refuse(value: int) -> int:
+    raise UserError(f"record {value} is bad")
+
+
+def test_pool_runs_every_task_once_with_shared_arguments():
+    with make_executor("pool", 2) as pool:
+        results = dict(pool.run(_pid_and_square, [(i,) for i in range(6)], shared=(100,)))
+    assert sorted(results) == list(range(6))
+    assert sorted(v for _, v in results.values()) == [100 + i * i for i in range(6)]
+    assert os.getpid() not in {pid for pid, _ in results.values()}  # they ran in worker processes
+
+
+def test_one_worker_runs_inline_one_task_per_step():
+    pool = ProcessPool(1)
+    calls: list[int] = []
+    results = pool.run(lambda value: calls.append(value) or value, [(1,), (2,), (3,)])
+    assert calls == []  # nothing ran yet: a progress bar made now sees every task
+    assert next(results) == (0, 1) and calls == [1]
+    assert list(results) == [(1, 2), (2, 3)]
+    with pytest.raises(UserError, match="record 7 is bad"):
+        pool.submit(_refuse, 7).result()
+
+
+def test_ray_missing_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    (tmp_path / "a.txt").write_text("some text long enough " * 10)
+    cfg = DataConfig(sources=[SourceConfig(name="a", root=str(tmp_path))], executor="ray", workers=1)
+    with pytest.raises(UserError) as info:
+        curate(cfg, tmp_path / "out")
+    assert str(info.value) == (
+        'data.executor = "ray" needs Ray, which is not installed: install the ray extra '
+        '(pip install "smelt[ray]"), or set data.executor = "pool".'
+    )
+
+
+def test_unknown_executor_is_a_user_error():
+    with pytest.raises(
+        UserError, match=r"tokens.executor = 'dask' is not an executor. Use one of: pool, ray"
+    ):
+        make_executor("dask", 1, key="tokens.executor")
