@@ -168,7 +168,7 @@ def test_readme_says_exactly_which_commands_take_set_and_force(command):
 def test_eval_force_rescores_a_checkpoint_that_has_a_current_step_file(monkeypatch, tmp_path):
     seen = {}
 
-    def evaluate_checkpoints(cfg, run_dir, which, tasks, limit, force=False):
+    def evaluate_checkpoints(cfg, run_dir, which, tasks=None, limit=None, force=False, **planned):
         seen.update(which=which, force=force)
         return []
 
