@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.layout import STAGE_DIRS, checkpoints_dir, list_checkpoints, step_dir_name, step_of
 from smelt.manifest import code_version, hash_file, read_manifest, write_json
 from smelt.release.data_order import read_json, tokens_per_source, write_data_order
 
 RELEASE_JSON = "release.json"
 REVISIONS = "revisions"
-STAGE_DIRS = ("documents", "tokenizer", "tokens", "train", "eval")
 PROBE_TOKENS = 32
 PROBE_COLUMNS = 16
 HF_TOP_FILES = (
@@ -45,24 +45,22 @@ HF_TOP_FILES = (
 
 
 def revision_name(step: int) -> str:
-    return f"step_{step:07d}"
+    """A revision is named like the checkpoint directory it comes from."""
+    return step_dir_name(step)
 
 
 def committed_steps(run_dir: Path) -> list[int]:
-    from smelt.checkpoint.store import list_checkpoints, step_of
-
-    return [step_of(p) for p in list_checkpoints(run_dir / "train" / "checkpoints")]
+    return [step_of(p) for p in list_checkpoints(checkpoints_dir(run_dir))]
 
 
 def select_checkpoints(run_dir: Path, every: bool = False) -> list[Path]:
     """The checkpoints to release: the milestones and the final one (every committed one with `every`)."""
-    from smelt.checkpoint.store import list_checkpoints, read_meta
+    from smelt.checkpoint.store import read_meta
 
-    checkpoints_dir = run_dir / "train" / "checkpoints"
-    committed = list_checkpoints(checkpoints_dir)
+    committed = list_checkpoints(checkpoints_dir(run_dir))
     if not committed:
         raise UserError(
-            f"{run_dir} has no committed checkpoint under {checkpoints_dir}: there is nothing to release. "
+            f"{run_dir} has no committed checkpoint under {checkpoints_dir(run_dir)}: there is nothing to release. "
             f"Pass a run directory that `smelt run` or `smelt train` finished (e.g. runs/quickstart)."
         )
     if every:
@@ -263,7 +261,7 @@ def _copy_artifacts(run_dir: Path, out_dir: Path, include_tokens: bool) -> None:
         shutil.copy2(run_dir / "restarts.jsonl", out_dir / "logs" / "restarts.jsonl")
     if (run_dir / "eval").is_dir():
         _copy_tree(run_dir / "eval", out_dir / "eval", skip=("manifest.json",))
-    for stage in STAGE_DIRS:
+    for stage in STAGE_DIRS.values():
         manifest = read_manifest(run_dir / stage)
         if manifest is not None:
             write_json(out_dir / "manifests" / f"{stage}.json", manifest)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.layout import step_dir_name
 from smelt.manifest import hash_file, write_json
 from smelt.tokens.batches import INDEX, ORDER_DIR, index_header, order_file_name, write_order_file
 
@@ -113,7 +114,7 @@ def write_data_order(
     entries = []
     previous = 0
     for step, meta in checkpoints:
-        check_state(data, meta, f"step_{step:07d}")
+        check_state(data, meta, step_dir_name(step))
         path = order_dir / order_file_name(step)
         before, after = loader.cursors(data.loader_step(previous)), loader.cursors(data.loader_step(step))
         steps = [(k, data.loader_steps(k)) for k in range(previous + 1, step + 1)]

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from smelt.errors import UserError
+from smelt.layout import step_dir_name
 from smelt.tokens.shards import ShardSet
 
 ORDER_DIR = "data_order"
@@ -38,7 +39,7 @@ BOUNDARY = "\n┄┄┄┄ document boundary (position {position}) ┄┄┄┄\
 
 
 def order_file_name(step: int) -> str:
-    return f"step_{step:07d}.jsonl.gz"
+    return f"{step_dir_name(step)}.jsonl.gz"
 
 
 def shard_table(loader: Any) -> dict[str, dict[str, Any]]:
