@@ -247,6 +247,9 @@ class TrainConfig:
     parallel: str = option(
         "ddp", choices=("ddp", "fsdp"), help="data parallelism under torchrun: DDP or FSDP2 (fully_shard)"
     )
+    expert_parallel: int = option(
+        1, range=(1, 4096), help="MoE experts split over this many processes (1: off; else the world size, fsdp)"
+    )
     schedule: str = option(
         "cosine",
         choices=("cosine", "wsd", "constant", "multistep"),

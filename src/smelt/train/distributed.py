@@ -124,9 +124,12 @@ def wrap_model(model: nn.Module, mode: str, ctx: DistContext, device: torch.devi
         return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import fully_shard
 
+    from smelt.model.moe_parallel import expert_parameters
+
+    ignored = expert_parameters(model) or None  # expert-parallel experts are sharded already
     for block in model.blocks:  # type: ignore[attr-defined]
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, ignored_params=ignored)
+    fully_shard(model, ignored_params=ignored)
     return model
 
 

@@ -45,6 +45,7 @@ from smelt.eval.heldout import training_mixture
 from smelt.manifest import write_json
 from smelt.model.flops import count_params, flops_per_token
 from smelt.model.moe import router_metrics, update_expert_bias
+from smelt.model.moe_parallel import setup_expert_parallel
 from smelt.model.transformer import Transformer
 from smelt.progress import log, progress
 from smelt.train.alerts import SpikeMonitor
@@ -142,6 +143,7 @@ def _train(
     torch.manual_seed(cfg.run.seed)
     model = Transformer(cfg.model, vocab_size).to(device)
     torch.manual_seed(rank_seed(cfg.run.seed, rank, "train"))
+    setup_expert_parallel(model, cfg, world_size, device)  # MoE experts split over processes (or no-op)
     wrapped = wrap_model(model, tc.parallel, ctx, device)
     forward = torch.compile(wrapped) if tc.compile else wrapped
     optimizer = build_optimizer(model, tc, device)
