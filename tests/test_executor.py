@@ -57,3 +57,15 @@ def test_unknown_executor_is_a_user_error():
         UserError, match=r"tokens.executor = 'dask' is not an executor. Use one of: pool, ray"
     ):
         make_executor("dask", 1, key="tokens.executor")
+
+
+def test_where_tasks_run_is_not_part_of_the_curate_stage_key(tmp_path):
+    from smelt.config import load_config
+    from smelt.pipeline import _stage_config
+
+    path = tmp_path / "run.toml"
+    path.write_text(f'[run]\ndir = "{tmp_path}"\n[[data.sources]]\nname = "a"\nroot = "{tmp_path}"\n')
+    base = _stage_config(load_config(path, []), "curate")
+    on_ray = load_config(path, ["data.executor=ray", "data.ray_address=auto", "data.url_cache=/tmp/c"])
+    assert _stage_config(on_ray, "curate") == base  # a run resumes or stays up to date across them
+    assert _stage_config(load_config(path, ["data.min_chars=5"]), "curate") != base

@@ -19,6 +19,7 @@ from typing import Any
 
 from smelt import layout
 from smelt.config import Config
+from smelt.config.data import PLACEMENT_KEYS
 from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, STAGES
 from smelt.lifecycle import (
@@ -72,6 +73,8 @@ def stage_dir(cfg: Config, stage: str) -> Path:
 
 def _stage_config(cfg: Config, stage: str) -> dict[str, Any]:
     config = {name: asdict(getattr(cfg, name)) for name in STAGE_SECTIONS[stage]}
+    if stage == "curate":  # the executor and the URL mirror never change the documents
+        config["data"] = {k: v for k, v in config["data"].items() if k not in PLACEMENT_KEYS}
     if stage == "tokenize":  # the loader's keys (mixture, stages, FIM) do not change the shards
         config["tokens"] = cfg.tokens.shard_settings()
     if stage == "train":

@@ -248,6 +248,11 @@ class DecontamConfig:
     )
 
 
+# Keys that decide where curation's tasks run and where remote inputs are mirrored, never what the stage
+# makes: left out of the stage's cache key, so a run resumes across a change of them.
+PLACEMENT_KEYS = ("executor", "ray_address", "retries", "url_cache")
+
+
 @dataclass
 class DataConfig:
     sources: list[SourceConfig] = option([], help="[[data.sources]] tables")

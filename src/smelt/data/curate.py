@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.config import DataConfig, hash_json
+from smelt.config.data import PLACEMENT_KEYS
 from smelt.data.checks import check_usable
 from smelt.data.dedup.decontam import Decontaminate
 from smelt.data.dedup.exact import ExactDedup
@@ -60,8 +61,6 @@ from smelt.progress import log, progress
 
 WORK_DIR = "_work"
 MIN_SHARD_BYTES = 1 << 20
-# Keys that decide where tasks run, never what they produce: a run resumes across a change of them.
-PLACEMENT_KEYS = ("workers", "executor", "ray_address", "retries", "url_cache")
 
 
 def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -115,7 +114,7 @@ class QualityTopFraction(CorpusStep):
 def _fingerprint(cfg: DataConfig, resolved: dict[str, tuple[Path, list[Path]]]) -> str:
     """What a resumed run must share with the interrupted one: the config and the input files."""
     config = asdict(cfg)
-    for key in PLACEMENT_KEYS:
+    for key in ("workers", *PLACEMENT_KEYS):  # where tasks run: a resumed run may change them
         config.pop(key)
     files = []
     for _, paths in resolved.values():
