@@ -7,14 +7,16 @@ boilerplate line removal -> quality top fraction -> decontamination -> split (de
 so a near-duplicate cluster never straddles splits; decontamination last, on what would be trained on).
 
 Execution is map/reduce over work shards (see data/shards.py):
-* map: the leading per-document steps run on each shard in a process pool; each shard writes its
+* map: the leading per-document steps run on each shard as a task on the executor (`data.executor`: a
+  local process pool, or Ray tasks on a local or existing cluster); each shard writes its
   surviving documents and ledger under `<out>/_work/map/` and a completion marker, so a killed run
   resumes at the first unfinished shard and ends byte-identical to an uninterrupted run;
 * reduce: the corpus steps (id uniqueness, dedup, split) stream over the shards' documents in canonical
-  order and the writer streams parts out; memory holds one shard's documents per worker, one part per
+  order and the writer streams parts out, in this process whatever the executor (each corpus step
+  depends on the documents before it); memory holds one shard's documents per worker, one part per
   writer, and a 16-byte digest per document for the dedup and id checks.
-Near-dedup plans between the two phases (dedup/near.py): MinHash signatures per map shard in the process
-pool, LSH buckets on disk within `data.near_dedup.memory_mb`, union-find clusters; the reduce step then
+Near-dedup plans between the two phases (dedup/near.py): MinHash signatures per map shard as executor
+tasks, LSH buckets on disk within `data.near_dedup.memory_mb`, union-find clusters; the reduce step then
 applies the decisions.
 Quality scoring and PII run in the map phase, before dedup: both are per-document functions, and there
 they cost one pass instead of a second one over the deduplicated stream.
@@ -55,7 +57,7 @@ from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_
 from smelt.data.urls import local_path, url_protocol
 from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
 from smelt.errors import UserError
-from smelt.executors import TaskExecutor, make_executor
+from smelt.executors import TaskExecutor, make_executor, start_method
 from smelt.manifest import write_json
 from smelt.progress import log, progress
 
@@ -209,12 +211,13 @@ def _curate(
         if isinstance(step, NearDedup):
             log(f"curate: near-dedup: {params_of(cfg.near_dedup).describe()}")
             parquets = [(s.spec.name, map_dir / f"{s.key}.parquet") for s in shards]
-            step.plan = plan_near_dedup(cfg, parquets, work, executor.workers, "", executor)
+            step.plan = plan_near_dedup(cfg, parquets, work, executor.workers, start_method(), executor)
             extra["near_dedup"] = step.plan.report
             log(f"curate: near-dedup: {step.plan.report}")
         if isinstance(step, LineDedup):
             step.set_counts(*count_lines([map_dir / f"{s.key}.parquet" for s in shards], step.min_chars))
             extra["line_dedup"] = {"boilerplate_lines": len(step.boilerplate)}
+    executor.close()  # the reduce runs in this process: the workers' memory is not needed any more
     units = _docs_per_unit(shards, map_dir)
     split_step.forced = forced_units(units, cfg.val_fraction, cfg.test_fraction, cfg.min_split_docs)
     clear_outputs(out_dir, SPLITS)

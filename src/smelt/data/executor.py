@@ -1,4 +1,5 @@
-"""The map phase of curation: read each work shard and run the per-document steps, in parallel.
+"""The map phase of curation: read each work shard and run the per-document steps, one task per shard on
+the stage's executor (`smelt.executors`: the local process pool, or Ray tasks).
 
 Each shard's surviving documents go to `<work>/map/<key>.parquet`, its ledger entries to
 `<key>.entries.jsonl` and its counts to `<key>.counts.json`; a `<key>.done` marker written last makes
