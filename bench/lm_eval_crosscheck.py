@@ -1,16 +1,21 @@
 """Cross-check smelt's cloze scoring against lm-evaluation-harness on the same items and model.
 
-Usage: python bench/lm_eval_crosscheck.py RUN [--hf DIR] [--tasks arc_easy,copa] [--limit N]
-RUN must have been exported with `smelt export hf RUN` (or pass --hf). For each task the same seeded
-subset smelt scores (`--limit`) is written to a jsonl file, and lm_eval scores it through a task
-YAML that reads that local file (`dataset_path: json`) with the same prompt template, choices and
-target delimiter, running the exported model with transformers. smelt scores the items twice: as
-`smelt eval` does by default (eval.convention = "lm-eval": no token before the context, which is how
-lm_eval's HF model feeds one; the exported tokenizer_config says add_bos_token = false) and under
-eval.convention = "eos" (every prompt after an EOS). The report gives both accuracies (raw and
-length-normalized), their differences in points, and the largest per-request log-likelihood
-difference. Writes bench/results/lm_eval_crosscheck.json. Without lm_eval installed
-(`pip install lm-eval`), the script says so and exits with status 3.
+Usage: python bench/lm_eval_crosscheck.py RUN [--hf DIR] [--tasks arc_easy,copa] [--tasks-dir DIR]
+       [--limit N]
+RUN must have been exported with `smelt export hf RUN` (or pass --hf). --tasks names tasks (built-in,
+or task files in --tasks-dir, which also holds the benchmark files; default: eval.tasks_dir's search)
+or task file paths; any cloze task compares, whatever its file format. For each task the same seeded
+subset smelt scores (`--limit`) is cut to the items whose prompt and answer fit the model's context
+under both of smelt's prompt conventions; an item that does not is left out of both sides and counted
+(`TASK_skipped_overlong`), since lm-eval would otherwise stop on it. The items are written to a jsonl
+file, and lm_eval scores it through a task YAML that reads that local file (`dataset_path: json`)
+with the same prompt template, choices and target delimiter, running the exported model with
+transformers. smelt scores the items twice: as `smelt eval` does by default (eval.convention =
+"lm-eval": no token before the context, which is how lm_eval's HF model feeds one; the exported
+tokenizer_config says add_bos_token = false) and under eval.convention = "eos" (every prompt after an
+EOS). The report gives both accuracies (raw and length-normalized), their differences in points, and
+the largest per-request log-likelihood difference. Writes bench/results/lm_eval_crosscheck.json.
+Without lm_eval installed (the `eval-check` extra), the script says so and exits with status 3.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 from common import write_result
 
 from smelt.eval.harness import prepare, score_pairs, score_prepared
-from smelt.eval.tasks import get_spec, load_task, resolve_tasks_dir
+from smelt.eval.tasks import Task, configured_tasks_dir, get_spec, load_task
 
 CPU = torch.device("cpu")
 
@@ -58,6 +63,28 @@ def task_yaml(name: str, data_file: Path, template: str) -> dict:
     }
 
 
+def comparable_items(task: Task, tokenizer, max_len: int) -> tuple[Task, int]:
+    """The task cut to the items that fit the context under both conventions ("eos" puts one more
+    token first), so smelt and lm-eval score the same items; and how many were left out."""
+    kept = {id(r) for r in task.records}
+    for convention in ("lm-eval", "eos"):
+        kept &= {id(r) for r in prepare(task, tokenizer, max_len, "skip", convention=convention).items}
+    records = [r for r in task.records if id(r) in kept]
+    cut = Task(task.spec, records, task.shots, task.n_shots, task.total, task.file)
+    return cut, len(task.records) - len(records)
+
+
+def write_lm_eval_task(task: Task, workdir: Path) -> str:
+    """The lm-eval task (YAML) and its local data file (the task's records as jsonl); its name."""
+    import yaml
+
+    name = f"smelt_xcheck_{re.sub(r'[^A-Za-z0-9_]', '_', task.spec.name)}"
+    data = workdir / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in task.records))
+    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(task_yaml(name, data, task.spec.template)))
+    return name
+
+
 def smelt_scores(model, tokenizer, task, batch_size: int) -> dict:
     eos_prep = prepare(task, tokenizer, model.cfg.max_seq_len, "skip", convention="eos")
     with_eos = score_prepared(model, tokenizer, eos_prep, batch_size, CPU)
@@ -84,16 +111,10 @@ def smelt_scores(model, tokenizer, task, batch_size: int) -> dict:
 
 
 def lm_eval_scores(hf_dir: Path, task, workdir: Path, batch_size: int) -> dict:
-    import yaml
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    name = f"smelt_xcheck_{task.spec.name}"
-    data = workdir / f"{name}.jsonl"
-    data.write_text(
-        "".join(json.dumps({k: r[k] for k in ("query", "choices", "gold")}) + "\n" for r in task.records)
-    )
-    (workdir / f"{name}.yaml").write_text(yaml.safe_dump(task_yaml(name, data, task.spec.template)))
+    name = write_lm_eval_task(task, workdir)
     out = simple_evaluate(
         model="hf",
         model_args=f"pretrained={hf_dir},dtype=float32",
@@ -113,7 +134,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run")
     parser.add_argument("--hf", default=None, help="exported model (default: RUN/export/hf)")
-    parser.add_argument("--tasks", default="arc_easy,copa")
+    parser.add_argument("--tasks", default="arc_easy,copa", help="task names or task file paths")
+    parser.add_argument("--tasks-dir", default="", help="benchmark files and task files (default: found)")
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args(argv)
@@ -136,14 +158,23 @@ def main(argv: list[str]) -> int:
 
     model = import_hf(hf_dir).eval()
     tokenizer = Tokenizer.load(run / "tokenizer")
-    tasks_dir = resolve_tasks_dir()
+    tasks_dir = configured_tasks_dir(args.tasks_dir)
     figures: dict[str, object] = {"model": str(hf_dir), "limit": args.limit}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.tasks.split(","):
-            spec = get_spec(name)
-            if spec.formulation != "cloze" or spec.reader != "mosaic":
-                raise SystemExit(f"{name}: the cross-check covers mosaic multiple-choice cloze tasks")
-            task = load_task(spec, tasks_dir, args.limit, 0)
+        for wanted in args.tasks.split(","):
+            spec = get_spec(wanted, tasks_dir)
+            if spec.formulation != "cloze":
+                raise SystemExit(
+                    f"{wanted}: the cross-check covers cloze tasks (this one is {spec.formulation})"
+                )
+            task, overlong = comparable_items(
+                load_task(spec, tasks_dir, args.limit, 0), tokenizer, model.cfg.max_seq_len
+            )
+            name = spec.name
+            figures[f"{name}_skipped_overlong"] = overlong
+            if not task.records:
+                figures[f"{name}_items"] = 0  # every item is longer than the context: nothing to compare
+                continue
             ours = smelt_scores(model, tokenizer, task, args.batch_size)
             theirs = lm_eval_scores(hf_dir, task, Path(tmp), args.batch_size)
             diffs = [
