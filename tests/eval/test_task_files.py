@@ -222,13 +222,16 @@ def test_a_changed_task_file_rescores_that_task_only_and_tasks_merge(run, counte
     assert result["tasks"]["copa"] == step["tasks"]["copa"]
 
 
-def test_cli_two_task_runs_keep_both_and_print_only_what_was_asked(run, capsys, counted):
+def test_cli_two_task_runs_keep_both_and_print_only_what_was_asked(run, capsys, counted, monkeypatch):
+    monkeypatch.delenv("SMELT_QUIET", raising=False)  # the status lines say what was scored
     root, cfg = run
     write_json(root / "config.json", cfg.to_dict())
     assert main(["eval", str(root), "--tasks", "copa", "--limit", "4"]) == 0
     assert main(["eval", str(root), "--tasks", "piqa", "--limit", "4"]) == 0
-    out = capsys.readouterr().out.split("written:")[1]
+    captured = capsys.readouterr()
+    out = captured.out.split("written:")[1]
     assert "piqa: acc" in out and "copa: acc" not in out
+    assert "step_0000002: scoring tasks piqa (up to date: held-out, samples)" in captured.err
     step = json.loads((root / "eval" / "step_0000002.json").read_text())
     assert {n: t["items"] for n, t in step["tasks"].items()} == {"copa": 4, "piqa": 4}
     assert counted["heldout"] == [1]

@@ -76,6 +76,32 @@ def missing(existing: dict[str, Any] | None, wanted: dict[str, Any]) -> dict[str
     return out
 
 
+def describe(keys: dict[str, Any]) -> str:
+    """The parts named by some keys, for a log line: "held-out, samples, tasks copa, piqa"."""
+    parts = [
+        {"heldout": "held-out", "samples": "samples"}.get(s, s)
+        for s, k in keys.items()
+        if not isinstance(k, dict)
+    ]
+    for section in ("tasks", "data"):
+        if keys.get(section):
+            parts.append(f"{section} {', '.join(keys[section])}")
+    return ", ".join(parts) or "nothing"
+
+
+def kept(wanted: dict[str, Any], todo: dict[str, Any]) -> dict[str, Any]:
+    """The part of `wanted` not in `todo`: what a step file already held."""
+    out: dict[str, Any] = {}
+    for section, key in wanted.items():
+        if isinstance(key, dict):
+            held = {n: k for n, k in key.items() if n not in todo.get(section, {})}
+            if held:
+                out[section] = held
+        elif section not in todo:
+            out[section] = key
+    return out
+
+
 def merge(existing: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """`new` figures over `existing` ones: per task and per data set, and per top-level section."""
     merged = dict(existing or {})

@@ -20,6 +20,8 @@ from smelt.eval.harness import Prepared, prepare, prompt_ids, score_prepared
 from smelt.eval.results import (
     CURVES,
     GALLERY,
+    describe,
+    kept,
     merge,
     missing,
     read_result,
@@ -336,7 +338,13 @@ def evaluate_checkpoint(
     existing = None if force else read_result(target, checkpoint_hash)
     todo = missing(existing, request.keys)
     if not todo:
+        log(f"[eval] {path.name}: up to date, skipped")
         return existing or {}
+    cached = kept(request.keys, todo)
+    log(
+        f"[eval] {path.name}: scoring {describe(todo)}"
+        + (f" (up to date: {describe(cached)})" if cached else "")
+    )
     cache = cache or TaskCache(cfg, request)
     new = _score(cfg, run_dir, path, request, todo, cache, device or torch.device("cpu"))
     head = {"step": int(meta["step"]), "tokens_seen": meta.get("tokens"), "checkpoint": str(path),
@@ -370,7 +378,6 @@ def evaluate_checkpoints(
     for path in resolve_checkpoints(run_dir, which):
         result = evaluate_checkpoint(cfg, run_dir, out_dir, path, cache=cache, device=device, request=request,
                                      force=force)  # fmt: skip
-        log(f"[eval] {path.name}" + ("" if "wall_time_s" in result else ": up to date, skipped"))
         results.append(result)
     write_views(out_dir)
     return results
