@@ -221,7 +221,7 @@ def model_card(run_dir: Path, facts: dict[str, Any]) -> str:
                     f"{train.get('schedule', NOT_RECORDED)}, warmup {_n(train.get('warmup_tokens'))} tokens",
                 ],
                 ["precision", figures["precision"]],
-                ["seed", (config.get("run") or {}).get("seed")],
+                ["seed", str((config.get("run") or {}).get("seed"))],
             ],
         ),
         "",
@@ -428,7 +428,7 @@ def data_card(run_dir: Path, facts: dict[str, Any]) -> str:
         _table(
             ["split", "documents", "bytes", "tokens"],
             [
-                [name, s.get("documents"), s.get("bytes"), (token_stats.get(name) or {}).get("tokens")]
+                [name, s.get("documents"), s.get("bytes"), (token_stats.get(name) or {}).get("tokens", 0)]
                 for name, s in sorted(split_stats.items())
             ],
         )  # fmt: skip

@@ -89,9 +89,12 @@ def run(args: argparse.Namespace) -> int:
     rows.append(("files", f"{len(release['files'])} (sha256 in release.json)"))
     print_table(rows)
     if release["not_released"]:
-        steps = ", ".join(map(str, release["not_released"]))
-        print(
-            f"\nnot released (not milestones): the checkpoints of steps {steps}; --all-checkpoints adds them"
+        left = release["not_released"]
+        which = (
+            f"checkpoints of steps {', '.join(map(str, left))}"
+            if len(left) > 1
+            else f"checkpoint of step {left[0]}"
         )
+        print(f"\nnot released (not milestones): the {which}; --all-checkpoints adds them")
     print(f"\nrelease: {args.out} (check it with `smelt release --verify {args.out}`)")
     return 0
