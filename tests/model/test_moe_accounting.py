@@ -68,3 +68,16 @@ def test_head_dim_wider_than_d_model_over_heads():
     assert count_params(cfg, 384)["total"] == sum(p.numel() for p in model.parameters())
     logits, _ = model(torch.randint(0, 384, (2, 8)))
     assert logits.shape == (2, 8, 384)
+
+
+def test_plan_budget_with_a_preset_spends_compute_on_active_params(capsys):
+    from smelt.cli import main
+
+    assert main(["plan", "budget", "--flops", "1e21", "--preset", "qwen3-30b-a3b"]) == 0
+    out = capsys.readouterr().out.split("with the shape of model preset qwen3-30b-a3b:")[1]
+    cfg = preset_config("qwen3-30b-a3b")
+    tokens = 1e21 / flops_per_token(cfg, 32_768, cfg.max_seq_len)
+    assert f"tokens the budget trains       {tokens:.4g}" in out
+    assert "parameters (active per token)" in out and "tokens per active parameter" in out
+    assert main(["plan", "budget", "--flops", "1e21", "--preset", "nope"]) == 2
+    assert "unknown model preset 'nope'" in capsys.readouterr().err

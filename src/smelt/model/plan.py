@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from smelt.config import ModelConfig
+from smelt.config.presets import MODEL_PRESETS
 from smelt.errors import UserError
 from smelt.model.flops import count_params, flops_per_token, head_dim_of, resolved_d_ff
 from smelt.model.moe_config import moe_layers
-from smelt.model.presets import MODEL_PRESETS
 
 DEFAULT_VOCAB = 32_768
 
@@ -56,7 +56,8 @@ def describe_config(
         (
             "shape",
             f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads x {head_dim}, "
-            f"{kv} kv heads, d_ff {resolved_d_ff(cfg)}",
+            f"{kv} kv heads"
+            + (f", d_ff {resolved_d_ff(cfg)}" if len(moe_layers(cfg)) < cfg.n_layers else ""),
         ),  # fmt: skip
         ("vocabulary", f"{vocab_size:,} ({'tied' if cfg.tie_embeddings else 'untied'} head)"),
         ("parameters (total)", f"{counts['total']:,} ({_human(counts['total'])})"),
@@ -97,3 +98,29 @@ def describe_preset(
 ) -> list[tuple[str, str]]:
     """Rows for `smelt plan model PRESET`."""
     return [("preset", name), *describe_config(preset_config(name), vocab_size, seq_len)]
+
+
+def preset_budget_rows(
+    name: str, flops: float, vocab_size: int = DEFAULT_VOCAB, seq_len: int | None = None
+) -> list[tuple[str, str]]:
+    """`smelt plan budget --preset NAME`: what the compute buys for that fixed shape. For an MoE the
+    compute is spent on the active parameters, so D = C / FLOPs per token counts active ones only."""
+    cfg = preset_config(name)
+    seq = seq_len or cfg.max_seq_len
+    counts = count_params(cfg, vocab_size)
+    per_token = flops_per_token(cfg, vocab_size, seq)
+    tokens = flops / per_token
+    rows = [
+        ("model preset", f"{name} (vocabulary {vocab_size:,}, s = {seq})"),
+        ("parameters (total)", f"{counts['total']:,} ({_human(counts['total'])})"),
+    ]
+    if cfg.moe_experts:
+        rows.append(("parameters (active per token)", f"{counts['active']:,} ({_human(counts['active'])})"))
+    rows += [
+        ("training FLOPs per token", f"{per_token:.4g} ({_human(per_token, 'FLOP')})"),
+        ("tokens the budget trains", f"{tokens:.4g} ({_human(tokens)})"),
+        ("tokens per parameter (total)", f"{tokens / counts['total']:.1f}"),
+    ]
+    if cfg.moe_experts:
+        rows.append(("tokens per active parameter", f"{tokens / counts['active']:.1f}"))
+    return rows

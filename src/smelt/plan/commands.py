@@ -87,6 +87,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--unique-tokens", type=number, help="unique tokens in the data (warns past 4 epochs)")
     p.add_argument("--batch-tokens", type=number, help="planned global batch (warns far above critical)")
     p.add_argument("--json", dest="json_out", help="also write the plan as JSON to this path")
+    p.add_argument("--preset", help="also what the budget buys for this model preset (total vs active params)")
     p.set_defaults(func=_budget)
 
     p = plan_sub.add_parser(
@@ -240,6 +241,11 @@ def _budget(args: argparse.Namespace) -> int:
     if args.inference_tokens:
         title += f" (serving {args.inference_tokens:.3g} tokens at 2N FLOPs each)"
     print(f"\n{title}:\n{options_table(plan)}")
+    if args.preset:
+        from smelt.model.plan import preset_budget_rows
+
+        print(f"\nwith the shape of model preset {args.preset}:")
+        print_table(preset_budget_rows(args.preset, compute.flops))
     for warning in plan.warnings:
         print(f"\nwarning: {warning}")
     _write_json(args.json_out, plan.to_dict())
