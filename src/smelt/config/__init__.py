@@ -44,7 +44,7 @@ from smelt.config.env import expand_env
 from smelt.config.fields import option
 from smelt.errors import ConfigError
 from smelt.model.moe_config import check_moe
-from smelt.model.presets import MODEL_PRESETS
+from smelt.config.presets import MODEL_PRESETS
 
 
 @dataclass
