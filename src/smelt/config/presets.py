@@ -10,7 +10,7 @@ from __future__ import annotations
 # llama-8b is Llama 3 8B (8.03B at V = 128,256). Mixtures of experts (docs/moe.md): tiny-moe is tiny-1m
 # with 8 experts of d_ff 192, top-2, so the same active FLOPs per token as tiny-1m (d_ff 384) with
 # about 4x its MLP weights; olmoe-1b-7b is OLMoE-1B-7B (6.92B total, 1.28B active at V = 50,304;
-# OLMoE normalises q and k over all heads, smelt per head, 30k weights fewer); qwen3-30b-a3b is
+# OLMoE normalises q and k over all heads, smelt per head: 61,440 norm weights fewer); qwen3-30b-a3b is
 # Qwen3-30B-A3B (30.5B total, 3.3B active at V = 151,936). The tests check these figures.
 MODEL_PRESETS: dict[str, dict[str, object]] = {
     "tiny-1m": {"d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 512},
