@@ -87,7 +87,7 @@ def pool_run(shared_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_ray(pool_run):
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster left running here
     yield ray
     ray.shutdown()
 
