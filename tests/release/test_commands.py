@@ -17,18 +17,23 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def test_release_then_verify_from_the_command_line(tiny_run, tmp_path, capsys):
+def test_release_with_its_tokens_then_verify_and_replay_from_the_command_line(tiny_run, tmp_path, capsys):
     run_dir, _ = tiny_run
     out = tmp_path / "out"
-    args = _parse(
-        ["release", str(run_dir), str(out), "--license", "prose=CC-BY-4.0", "--model-license", "MIT"]
-    )
+    argv = ["release", str(run_dir), str(out), "--license", "prose=CC-BY-4.0", "--model-license", "MIT"]
+    args = _parse([*argv, "--include-tokens"])
     assert args.func(args) == 0
     printed = capsys.readouterr().out
     assert "step_0000004  step 4, 1,024 tokens" in printed and f"smelt release --verify {out}" in printed
     args = _parse(["release", "--verify", str(out)])
     assert args.func(args) == 0
     assert f"release {out}: verified" in capsys.readouterr().out
+    # the data order replays from the release alone: its tokens/ hold the training shards
+    from smelt.cli import main
+
+    assert main(["inspect", "batches", str(out), "--step", "2", "--rows", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert f"the shards in {out / 'tokens'}" in printed
 
 
 def test_release_arguments_that_do_not_fit_say_how(tiny_run, released):
