@@ -149,10 +149,16 @@ class TokenLoader:
         rank: int = 0,
         world_size: int = 1,
         verify: str = "checksum",
+        plan: Any = None,
     ) -> TokenLoader:
-        """The training loader of a pipeline config (global batch = train.batch_tokens / seq_len)."""
+        """The training loader of a pipeline config (global batch = train.batch_tokens / seq_len).
+
+        `plan`: the trainer's batch plan (smelt.train.batching.BatchPlan); its loader batch and loader
+        steps then decide the loader's (under a batch ramp, the starting batch and the steps it takes)."""
         tc = cfg.train
         batch_tokens = tc.batch_tokens or tc.seq_len * tc.micro_batch * world_size
+        if plan is not None:
+            batch_tokens = plan.loader_batch_tokens
         if batch_tokens % tc.seq_len:
             raise ConfigError(
                 f"train.batch_tokens = {batch_tokens} is not a multiple of train.seq_len = {tc.seq_len}; "
@@ -168,7 +174,7 @@ class TokenLoader:
             cfg.tokens,
             seq_len=tc.seq_len,
             batch_size=batch_tokens // tc.seq_len,
-            steps=math.ceil(tc.tokens / batch_tokens),
+            steps=plan.loader_steps if plan is not None else math.ceil(tc.tokens / batch_tokens),
             seed=cfg.run.seed,
             rank=rank,
             world_size=world_size,

@@ -139,3 +139,88 @@ class SpikeMonitor:
         self.norms.clear()
         self.norms.extend(state["norms"])
         self.consecutive_skips = int(state["skips"])
+
+
+def _finite_or_text(value: float) -> float | str:
+    return value if math.isfinite(value) else str(value)
+
+
+@dataclass
+class Decision:
+    """What one step's update becomes: "apply", "skip", "rollback" (after the alerts that chose it),
+    or an fp16 overflow, which the grad scaler skips on its own and lowers its scale."""
+
+    action: str
+    overflow: bool
+    alerts: list[Alert]
+
+
+class AlertDispatch:
+    """The trainer's reaction to a step's alerts: write them, then skip, roll back, stop, or let the
+    update through. Counts what it skipped and rolled back over the run; `fail(step, message)` writes
+    the run's failed end record and returns the error to raise."""
+
+    def __init__(self, spikes: SpikeMonitor, checkpointer: Any, metrics: Any, scaler: Any, fail: Any) -> None:
+        self.spikes, self.checkpointer, self.metrics, self.scaler, self.fail = (
+            spikes, checkpointer, metrics, scaler, fail
+        )  # fmt: skip
+        self.skipped_total = 0
+        self.rollbacks = 0
+
+    def decide(self, step: int, tokens: int, loss: float, norm: float) -> Decision:
+        """Check the step, write its alerts; a rollback without a checkpoint becomes a skip, "stop" raises."""
+        from smelt.checkpoint.store import latest_checkpoint
+
+        overflow = self.scaler is not None and math.isfinite(loss) and not math.isfinite(norm)
+        alerts = [] if overflow else self.spikes.check(loss, norm)
+        action = SpikeMonitor.action(alerts)
+        for alert in alerts:
+            self.metrics.write({"kind": "event", "step": step, "tokens": tokens, "event": "alert",
+                                "alert": alert.kind, "action": alert.action, "message": alert.message,
+                                "value": _finite_or_text(alert.value), "threshold": alert.threshold})  # fmt: skip
+        if action == "rollback":
+            for event in self.checkpointer.wait():  # the newest checkpoint may still be writing
+                self.metrics.write(event)
+        if action == "rollback" and latest_checkpoint(self.checkpointer.dir) is None:
+            self.metrics.write({"kind": "event", "step": step, "tokens": tokens, "event": "note",
+                                "message": "rollback requested but no checkpoint to roll back to: skipping"})  # fmt: skip
+            action = "skip"
+        if action == "stop":
+            raise self.fail(step, f"training stopped by alert at step {step}: {alerts[-1].message}")
+        return Decision(action, overflow, alerts)
+
+    def overflow(self, step: int, tokens: int, optimizer: Any) -> None:
+        self.scaler.step(optimizer)  # sees the inf gradients and skips the update
+        self.scaler.update()
+        self.metrics.write({"kind": "event", "step": step, "tokens": tokens, "event": "overflow",
+                            "loss_scale": self.scaler.get_scale()})  # fmt: skip
+
+    def rollback(self, step: int, tokens: int, model: Any, optimizer: Any) -> None:
+        from smelt.checkpoint.store import latest_checkpoint, load_training_state
+
+        target = latest_checkpoint(self.checkpointer.dir)
+        assert target is not None
+        back_meta, _ = load_training_state(target, model, optimizer)
+        if self.scaler is not None and back_meta.get("scaler"):
+            self.scaler.load_state_dict(back_meta["scaler"])
+        self.rollbacks += 1
+        # The loader is not rewound: the steps between the checkpoint and this one are the data
+        # window that is skipped (the PaLM recipe). The LR schedule keeps following the step.
+        self.metrics.write({"kind": "event", "step": step, "tokens": tokens, "event": "rollback",
+                            "to_step": int(back_meta["step"]), "path": str(target),
+                            "skipped_steps": [int(back_meta["step"]) + 1, step]})  # fmt: skip
+
+    def count_skip(
+        self, step: int, tokens: int, decision: Decision, loss: float, norm: float, hint: str
+    ) -> None:
+        """A skipped or rolled-back step: record it, and stop the run after too many in a row."""
+        self.skipped_total += 1
+        if decision.action == "skip":
+            self.metrics.write({"kind": "event", "step": step, "tokens": tokens, "event": "skip",
+                                "loss": _finite_or_text(loss), "grad_norm": _finite_or_text(norm)})  # fmt: skip
+        if self.spikes.skipped():
+            raise self.fail(step, (
+                f"training stopped: {self.spikes.consecutive_skips} consecutive steps skipped or rolled back "
+                f"(train.max_consecutive_skips); the last at step {step}: {decision.alerts[-1].message} "
+                f"{hint}"
+            ))  # fmt: skip

@@ -5,19 +5,19 @@ distributed.py). The data comes from `smelt.tokens.loader.TokenLoader`: step k's
 by the data plan whatever the world size or micro batch (rank r takes a disjoint slice), each micro
 batch carries its document boundaries (fed to the model for intra-document attention when
 train.doc_masking is on), and the loader's O(1) state goes into every checkpoint, so `resume`
-continues with exactly the batches an uninterrupted run would have seen. The step arithmetic
-(token-weighted accumulation, sync, clipping) is in step.py; alerts and their policies (skip,
-rollback, stop) in alerts.py; metrics.jsonl, validation and per-layer update ratios in monitors.py;
-batch arithmetic and the batch ramp in batching.py; the run's other parts (resume choice, schedule,
-sinks, run manifest) in setup.py; checkpoints in smelt.checkpoint.
-metrics.jsonl gets the data plan, stage changes, the realized mixture per window (with drift alerts),
-alerts and skips, and the share of step time spent waiting for data. Rank 0 alone writes.
+continues with exactly the batches an uninterrupted run would have seen. `Trainer.train()` is the
+loop, as named phases; the step arithmetic (token-weighted accumulation, sync, clipping) is in
+step.py; alerts, their policies and what the trainer does about them (skip, rollback, stop,
+overflow) in alerts.py; the log window's statistics in window.py; the records before the first step
+and the summary in records.py; metrics.jsonl, validation and per-layer update ratios in monitors.py;
+batch arithmetic in batching.py; resume choice, schedule, sinks, run manifest in setup.py. Rank 0
+alone writes metrics.jsonl: the data plan, stage changes, the realized mixture per window (with drift
+alerts), alerts and skips, and the share of step time spent waiting for data.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import os
@@ -26,13 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from smelt.checkpoint.failures import CheckpointSaveError
 from smelt.checkpoint.lineage import check_fits, load_parent, resolve_parent
 from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import (
-    latest_checkpoint,
     load_training_state,
     restore_rng,
     rng_state,
@@ -42,13 +40,11 @@ from smelt.checkpoint.store import (
 from smelt.config import Config, hash_json
 from smelt.errors import UserError
 from smelt.eval.heldout import training_mixture
-from smelt.manifest import write_json
 from smelt.model.flops import count_params, flops_per_token
 from smelt.model.moe import router_metrics, update_expert_bias
 from smelt.model.moe_parallel import setup_expert_parallel
 from smelt.model.transformer import Transformer
-from smelt.progress import log, progress
-from smelt.train.alerts import SpikeMonitor
+from smelt.train.alerts import AlertDispatch, Decision, SpikeMonitor
 from smelt.train.batching import batch_plan
 from smelt.train.distributed import (
     DistContext,
@@ -64,6 +60,7 @@ from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_de
 from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
+from smelt.train.records import announce, summary
 from smelt.train.setup import (
     agreed_resume,
     alert_policy,
@@ -73,16 +70,14 @@ from smelt.train.setup import (
     file_hash,
     has_tokens,
     inloop_evaluator,
-    last_logged_loss,
     losses_by_source,
     memory_mb,
     metric_sinks,
     read_vocab_size,
     resolve_device,
-    write_run_manifest,
 )
 from smelt.train.step import finish_grads, forward_backward
-from smelt.train.watchdog import Watchdog
+from smelt.train.window import Window
 
 
 def train(
@@ -103,469 +98,403 @@ def train(
     device = device_for(tc.device, local_rank)
     ctx = init_distributed(device)
     try:
-        return _train(cfg, tokens_dir, tokenizer_dir, out_dir, resume, ctx, device, started)
+        return Trainer(cfg, tokens_dir, tokenizer_dir, out_dir, resume, ctx, device, started).train()
     finally:
         shutdown(ctx)
 
 
-def _train(
-    cfg: Config,
-    tokens_dir: Path,
-    tokenizer_dir: Path,
-    out_dir: Path,
-    resume: str | Path | None,
-    ctx: DistContext,
-    device: torch.device,
-    started: float,
-) -> dict[str, Any]:
-    """The run itself, inside the process group that `train` sets up and always tears down."""
-    from smelt.tokens.loader import TokenLoader  # lazy: tokens/ is a sibling stage
-    from smelt.tokens.mixture import MixtureMonitor
+class Trainer:
+    """One training run inside the process group that `train` sets up. `train()` reads as its phases:
+    build, resume, then per step: next batch, step (forward, backward, gradients), apply-or-skip,
+    log window, evaluate, checkpoint; then finish. The state lives in small objects with state_dict():
+    the loader, the spike monitor (alerts.py), the window statistics (window.py), the checkpointer."""
 
-    tc = cfg.train
-    rank, world_size = ctx.rank, ctx.world_size
-    sharded = ctx.distributed and tc.parallel == "fsdp"
-    plan = batch_plan(tc, world_size)
-    precision = resolve_precision(tc.precision, device)
-    torch.set_num_threads(tc.threads or os.cpu_count() or 1)
-    vocab_size = read_vocab_size(tokenizer_dir)
-    if not has_tokens(tokens_dir / "train"):
-        raise UserError(
-            f"no training tokens under {tokens_dir / 'train'} (no non-empty .bin shard). "
-            f"Run `smelt tokenize CONFIG` first, or check the tokens directory."
-        )
-    have_val = has_tokens(tokens_dir / "val")
-    val_sources = sorted(d.name for d in (tokens_dir / "val").iterdir() if has_tokens(d)) if have_val else []
-    eos_id = int(json.loads((tokens_dir / "meta.json").read_text())["eos_id"]) if tc.doc_masking else None
+    def __init__(
+        self,
+        cfg: Config,
+        tokens_dir: Path,
+        tokenizer_dir: Path,
+        out_dir: Path,
+        resume: str | Path | None,
+        ctx: DistContext,
+        device: torch.device,
+        started: float,
+    ) -> None:
+        self.cfg, self.tc = cfg, cfg.train
+        self.tokens_dir, self.tokenizer_dir, self.out_dir = tokens_dir, tokenizer_dir, out_dir
+        self.resume_arg, self.ctx, self.device, self.started = resume, ctx, device, started
+        self.checkpoints_dir = out_dir / "checkpoints"
 
-    # Every rank builds the same initial weights from the run seed; per-rank randomness after that
-    # comes from a derived seed (see distributed.rank_seed).
-    torch.manual_seed(cfg.run.seed)
-    model = Transformer(cfg.model, vocab_size).to(device)
-    torch.manual_seed(rank_seed(cfg.run.seed, rank, "train"))
-    setup_expert_parallel(model, cfg, world_size, device)  # MoE experts split over processes (or no-op)
-    wrapped = wrap_model(model, tc.parallel, ctx, device)
-    forward = torch.compile(wrapped) if tc.compile else wrapped
-    optimizer = build_optimizer(model, tc, device)
-    scaler = precision.grad_scaler()
-    # With a batch ramp the loader's step is the starting batch; an optimizer step takes several.
-    loader_cfg = dataclasses.replace(
-        cfg, train=dataclasses.replace(tc, batch_tokens=plan.loader_batch_tokens)
-    )
-    loader = TokenLoader.from_config(loader_cfg, tokens_dir, tokenizer_dir, rank, world_size)
-    data_plan = loader.plan
-    assert data_plan.steps == plan.loader_steps and loader.per_rank // loader.micro_batch == plan.grad_accum
-    mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
-    ratios = UpdateRatioMonitor(model, sharded) if tc.monitor_every else None
+    def train(self) -> dict[str, Any]:
+        self.build()
+        self.resume()
+        announce(self)
+        plan, tc = self.plan, self.tc
+        try:
+            for step in range(self.start_step + 1, plan.steps + 1):
+                t0 = time.perf_counter()
+                parts = self.next_batch(step)
+                wait = time.perf_counter() - t0
+                lr = self.schedule(step - 1)
+                set_lr(self.optimizer, lr)
+                loss, norm = self.step(parts)
+                tokens = plan.tokens_at(step)
+                decision = self.alerts.decide(step, tokens, loss, norm)
+                self.apply_or_skip(step, tokens, decision, loss, norm, lr)
+                clipped = decision.action == "apply" and tc.grad_clip > 0 and norm > tc.grad_clip
+                skipped = decision.action in ("skip", "rollback")
+                step_tokens = tokens - plan.tokens_at(step - 1)
+                self.window.add_step(time.perf_counter() - t0, wait, step_tokens, loss, clipped, skipped)
+                self.bar.update(1)
+                for part in parts:
+                    self.write_all(self.mixture.update(part.step, part.source_counts))
+                self.write_all(self.checkpointer.poll())
+                if step == 1 or step % tc.log_every == 0 or step == plan.steps:
+                    self.log_window(step, tokens, lr, norm, parts[-1].stage.name)
+                if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
+                    self.evaluate(step, self.window.train_time)
+                if self.inloop is not None and self.inloop.due(step) and (self.sharded or self.ctx.is_main):
+                    self.evaluate_inloop(step, tokens)
+                every = self.cfg.checkpoint.every_steps
+                if step < plan.steps and every and step % every == 0:
+                    self.checkpoint(step)
+                self.watchdog.beat(step)
+            self.finish()
+        except CheckpointSaveError as exc:
+            with contextlib.suppress(OSError):  # a disk that is still full may refuse even these lines
+                self.metrics.write(exc.event(plan.tokens_at(exc.step)))
+                self.metrics.write({"kind": "event", "step": exc.step, "tokens": plan.tokens_at(exc.step),
+                                    "event": "end", "status": "failed", "error": str(exc)})  # fmt: skip
+            raise
+        finally:
+            self.close()
+        return summary(self)
 
-    params = count_params(cfg.model, vocab_size)
-    flops_tok = flops_per_token(cfg.model, vocab_size, tc.seq_len)
-    peak = from_main(ctx, device, lambda: peak_flops(device, precision))  # one figure for every rank
-    peak_total = peak * world_size if peak else None
-    schedule = build_schedule(
-        tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
-    )
-    spikes = SpikeMonitor(alert_policy(tc, schedule.warmup))
-    checkpoints_dir = out_dir / "checkpoints"
-    config_dict = cfg.to_dict()
-    tokens_meta = (
-        json.loads((tokens_dir / "meta.json").read_text()) if (tokens_dir / "meta.json").is_file() else {}
-    )
-    identity = {
-        "model_config": cfg.model.__dict__.copy(),
-        "vocab_size": vocab_size,
-        "tokenizer_hash": tokens_meta.get("tokenizer_hash") or file_hash(tokenizer_dir / "tokenizer.json"),
-        "data_hash": file_hash(tokens_dir / "shards.json"),
-    }
-    check_token_inputs(tokens_dir, tokenizer_dir, tokens_meta, vocab_size)
-    parent = resolve_parent(tc.init_from) if tc.init_from else None
-    if parent is not None:
-        check_fits(parent, identity["model_config"], vocab_size)
-        identity["parent"] = parent.record()
+    # --- build ------------------------------------------------------------------------------------
 
-    start_step = 0
-    resume_from, resume_warnings = agreed_resume(resume, checkpoints_dir, ctx)
-    rank_state: dict[str, Any] | None = None
-    ckpt_meta: dict[str, Any] = {}
-    if resume_from is not None:
-        ckpt_meta, rank_state = load_training_state(resume_from, model, optimizer, expected=identity)
-        start_step = int(ckpt_meta["step"])
-        # "auto" finding the final checkpoint: the process ended between that save and the end of the
-        # stage (a crash, a kill); finish the bookkeeping instead of training. A checkpoint named
-        # explicitly at the end is a request to continue a finished run, which cannot be done exactly.
-        if start_step >= plan.steps and str(resume) != "auto":
+    def build(self) -> None:
+        """Model, optimizer, loader, schedule, monitors and the run's identity; checks the inputs."""
+        from smelt.tokens.loader import TokenLoader  # lazy: tokens/ is a sibling stage
+        from smelt.tokens.mixture import MixtureMonitor
+
+        cfg, tc, ctx, device = self.cfg, self.tc, self.ctx, self.device
+        tokens_dir, tokenizer_dir = self.tokens_dir, self.tokenizer_dir
+        self.rank, self.world_size = ctx.rank, ctx.world_size
+        self.sharded = ctx.distributed and tc.parallel == "fsdp"
+        self.plan = plan = batch_plan(tc, self.world_size)
+        self.precision = resolve_precision(tc.precision, device)
+        torch.set_num_threads(tc.threads or os.cpu_count() or 1)
+        self.vocab_size = vocab_size = read_vocab_size(tokenizer_dir)
+        if not has_tokens(tokens_dir / "train"):
             raise UserError(
-                f"checkpoint {resume_from} is at step {start_step}, the end of this run ({plan.steps} steps): "
-                f"the run is complete. Train again without resume or into another directory (a longer run "
-                f"is a new data plan and learning-rate schedule, so it cannot continue this one exactly)."
+                f"no training tokens under {tokens_dir / 'train'} (no non-empty .bin shard). "
+                f"Run `smelt tokenize CONFIG` first, or check the tokens directory."
             )
-        loader.load_state_dict(ckpt_meta["loader"])
-        if rank_state is not None:
-            restore_rng(rank_state["rng"], device)
-        if scaler is not None and ckpt_meta.get("scaler"):
-            scaler.load_state_dict(ckpt_meta["scaler"])
-        if ckpt_meta.get("alerts"):
-            spikes.load_state_dict(ckpt_meta["alerts"])
-        mixture.resume(loader.step + 1, loader.source_counts)
-    elif parent is not None:  # a fork's first step starts from the parent's exact weights
-        load_parent(parent, model, optimizer, tc.init_optimizer)
-    # What this run writes again is moved aside, never overwritten: the checkpoints after its starting
-    # step (damaged ones passed over, newer ones than --resume-from) and the metrics records after it.
-    set_aside = set_aside_after(checkpoints_dir, start_step) if ctx.is_main else []
-    superseded = 0
-    if resume_from is not None and ctx.is_main:
-        own = resume_from.resolve().parent == checkpoints_dir.resolve()  # its offset is into this file
-        superseded = supersede_after_resume(
-            out_dir / "metrics.jsonl", start_step, ckpt_meta.get("metrics_offset") if own else None,
-            rerun_final=start_step >= plan.steps,
-        )  # fmt: skip
-    checkpointer = Checkpointer(
-        checkpoints_dir, cfg.checkpoint.keep_last, cfg.checkpoint.async_save,
-        cfg.checkpoint.milestone_every_steps, cfg.checkpoint.milestone_every_tokens,
-    )  # fmt: skip
+        self.have_val = has_tokens(tokens_dir / "val")
+        val_dirs = (tokens_dir / "val").iterdir() if self.have_val else ()
+        val_sources = sorted(d.name for d in val_dirs if has_tokens(d))
+        eos_id = int(json.loads((tokens_dir / "meta.json").read_text())["eos_id"]) if tc.doc_masking else None
 
-    metrics = MetricsLog(
-        out_dir / "metrics.jsonl", enabled=ctx.is_main, append=resume_from is not None,
-        sinks=metric_sinks(cfg, out_dir) if ctx.is_main else None,
-    )  # fmt: skip
-    inloop = inloop_evaluator(cfg, tokenizer_dir, device)
-    start_tokens = plan.tokens_at(start_step)
-    metrics.write({
-        "kind": "event", "step": start_step, "tokens": start_tokens,
-        "event": "start" if resume_from is None else "resume", "steps": plan.steps,
-        "batch_tokens": plan.batch_tokens, "grad_accum": plan.grad_accum, "warmup_steps": schedule.warmup,
-        **({"batch_ramp": {"start_tokens": plan.unit_tokens, "ramp_tokens": tc.batch_ramp_tokens,
-                           "full_at_step": plan.units.index(max(plan.units)) + 1}} if plan.units else {}),
-        "schedule": schedule.kind, "precision": precision.name, "device": str(device),
-        "params_total": params["total"], "params_non_embedding": params["non_embedding"],
-        "flops_per_token": flops_tok, "peak_flops": peak_total, "world_size": world_size,
-        "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(config_dict),
-        "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
-        **({"parent": identity["parent"]} if parent is not None else {}),
-        **({"world_size_changed": True} if resume_from is not None and rank_state is None else {}),
-        **({"superseded_records": superseded} if resume_from is not None else {}),
-    })  # fmt: skip
-    if ctx.is_main:
-        write_run_manifest(
-            out_dir, cfg, identity, resume_from, start_step, world_size, device, precision.name
+        # Every rank builds the same initial weights from the run seed; per-rank randomness after that
+        # comes from a derived seed (see distributed.rank_seed).
+        torch.manual_seed(cfg.run.seed)
+        self.model = model = Transformer(cfg.model, vocab_size).to(device)
+        torch.manual_seed(rank_seed(cfg.run.seed, self.rank, "train"))
+        setup_expert_parallel(
+            model, cfg, self.world_size, device
+        )  # MoE experts split over processes (or no-op)
+        self.wrapped = wrap_model(model, tc.parallel, ctx, device)
+        self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
+        self.optimizer = build_optimizer(model, tc, device)
+        self.scaler = self.precision.grad_scaler()
+        self.loader = TokenLoader.from_config(
+            cfg, tokens_dir, tokenizer_dir, self.rank, self.world_size, plan=plan
         )
-    for warning in resume_warnings:
-        if ctx.is_main:
-            log(f"warning: {warning}")
-        metrics.write({"kind": "event", "step": start_step, "tokens": start_tokens, "event": "alert",
-                       "alert": "damaged_checkpoint", "action": "fallback" if resume_from else "start_over",
-                       "message": warning})  # fmt: skip
-    kept = [f"{len(set_aside)} checkpoint directories after step {start_step} were moved to "
-            f"{checkpoints_dir / 'superseded'}"] if set_aside else []  # fmt: skip
-    if metrics.set_aside is not None:
-        kept.append(f"the previous metrics.jsonl was kept as {metrics.set_aside.name}")
-    for note in kept:
-        if ctx.is_main:
-            log(f"note: {note}")
-        metrics.write({"kind": "event", "step": start_step, "tokens": start_tokens, "event": "note",
-                       "message": note})  # fmt: skip
-    if resume_from is None:
-        if ctx.is_main:
-            log(data_plan.table())
-        metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "data_plan", **data_plan.summary()})
-        for warning in data_plan.warnings:
-            if ctx.is_main:
-                log(f"warning: {warning}")
-            metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "warning", "message": warning})
+        self.data_plan = data_plan = self.loader.plan
+        self.mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
+        self.ratios = UpdateRatioMonitor(model, self.sharded) if tc.monitor_every else None
 
-    # Each validation source is scored once; the headline weighs their losses by the training mixture
-    # (an aggregate can fall while one domain regresses, so the per-source losses are logged too).
-    validation = Validation(
-        tokens_dir, val_sources, tc.seq_len, tc.eval_tokens, tc.micro_batch, precision, device, eos_id,
-        training_mixture(cfg, tokens_dir),
-    ) if have_val else None  # fmt: skip
-    eval_budget = EvalBudget(tc.eval_budget)
-    val_record: dict[str, Any] = {}  # the figures of the last evaluation that ran
+        self.params = count_params(cfg.model, vocab_size)
+        self.flops_tok = flops_per_token(cfg.model, vocab_size, tc.seq_len)
+        peak = from_main(ctx, device, lambda: peak_flops(device, self.precision))  # one figure for every rank
+        self.peak_total = peak * self.world_size if peak else None
+        self.schedule = build_schedule(
+            tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
+        )
+        self.spikes = SpikeMonitor(alert_policy(tc, self.schedule.warmup))
+        self.config_dict = cfg.to_dict()
+        tokens_meta = (
+            json.loads((tokens_dir / "meta.json").read_text()) if (tokens_dir / "meta.json").is_file() else {}
+        )
+        self.identity = {
+            "model_config": cfg.model.__dict__.copy(),
+            "vocab_size": vocab_size,
+            "tokenizer_hash": tokens_meta.get("tokenizer_hash")
+            or file_hash(tokenizer_dir / "tokenizer.json"),
+            "data_hash": file_hash(tokens_dir / "shards.json"),
+        }
+        check_token_inputs(tokens_dir, tokenizer_dir, tokens_meta, vocab_size)
+        self.parent = resolve_parent(tc.init_from) if tc.init_from else None
+        if self.parent is not None:
+            check_fits(self.parent, self.identity["model_config"], vocab_size)
+            self.identity["parent"] = self.parent.record()
+        # Each validation source is scored once; the headline weighs their losses by the training
+        # mixture (an aggregate can fall while one domain regresses, so per-source losses are logged too).
+        self.validation = Validation(
+            tokens_dir, val_sources, tc.seq_len, tc.eval_tokens, tc.micro_batch, self.precision, device,
+            eos_id, training_mixture(cfg, tokens_dir),
+        ) if self.have_val else None  # fmt: skip
+        self.eval_budget = EvalBudget(tc.eval_budget)
+        self.val_record: dict[str, Any] = {}  # the figures of the last evaluation that ran
+        self.window = Window(list(data_plan.sources))
 
-    def run_eval(step: int, train_s: float, final: bool = False) -> float | None:
+    # --- resume -----------------------------------------------------------------------------------
+
+    def resume(self) -> None:
+        """Continue from a checkpoint (weights, optimizer, RNG, loader, scaler, alert history) or start a
+        fork from its parent's weights; set aside what this run will write again; open metrics.jsonl."""
+        ctx, plan, resume = self.ctx, self.plan, self.resume_arg
+        self.start_step = 0
+        self.resume_from, self.resume_warnings = agreed_resume(resume, self.checkpoints_dir, ctx)
+        self.rank_state: dict[str, Any] | None = None
+        ckpt_meta: dict[str, Any] = {}
+        if self.resume_from is not None:
+            ckpt_meta, self.rank_state = load_training_state(
+                self.resume_from, self.model, self.optimizer, expected=self.identity
+            )
+            self.start_step = int(ckpt_meta["step"])
+            # "auto" finding the final checkpoint: the process ended between that save and the end of
+            # the stage (a crash, a kill); finish the bookkeeping instead of training. A checkpoint named
+            # explicitly at the end is a request to continue a finished run, which cannot be done exactly.
+            if self.start_step >= plan.steps and str(resume) != "auto":
+                raise UserError(
+                    f"checkpoint {self.resume_from} is at step {self.start_step}, the end of this run "
+                    f"({plan.steps} steps): the run is complete. Train again without resume or into another "
+                    f"directory (a longer run is a new data plan and learning-rate schedule, so it cannot "
+                    f"continue this one exactly)."
+                )
+            self.loader.load_state_dict(ckpt_meta["loader"])
+            if self.rank_state is not None:
+                restore_rng(self.rank_state["rng"], self.device)
+            if self.scaler is not None and ckpt_meta.get("scaler"):
+                self.scaler.load_state_dict(ckpt_meta["scaler"])
+            if ckpt_meta.get("alerts"):
+                self.spikes.load_state_dict(ckpt_meta["alerts"])
+            self.mixture.resume(self.loader.step + 1, self.loader.source_counts)
+        elif self.parent is not None:  # a fork's first step starts from the parent's exact weights
+            load_parent(self.parent, self.model, self.optimizer, self.tc.init_optimizer)
+        # What this run writes again is moved aside, never overwritten: the checkpoints after its
+        # starting step (damaged ones passed over, newer ones than --resume-from) and the metrics
+        # records after it.
+        self.set_aside = set_aside_after(self.checkpoints_dir, self.start_step) if ctx.is_main else []
+        self.superseded = 0
+        if self.resume_from is not None and ctx.is_main:
+            own = self.resume_from.resolve().parent == self.checkpoints_dir.resolve()  # offset into this file
+            self.superseded = supersede_after_resume(
+                self.out_dir / "metrics.jsonl", self.start_step,
+                ckpt_meta.get("metrics_offset") if own else None, rerun_final=self.start_step >= plan.steps,
+            )  # fmt: skip
+        checkpoint = self.cfg.checkpoint
+        self.checkpointer = Checkpointer(
+            self.checkpoints_dir, checkpoint.keep_last, checkpoint.async_save,
+            checkpoint.milestone_every_steps, checkpoint.milestone_every_tokens,
+        )  # fmt: skip
+        self.metrics = MetricsLog(
+            self.out_dir / "metrics.jsonl", enabled=ctx.is_main, append=self.resume_from is not None,
+            sinks=metric_sinks(self.cfg, self.out_dir) if ctx.is_main else None,
+        )  # fmt: skip
+        self.alerts = AlertDispatch(self.spikes, self.checkpointer, self.metrics, self.scaler, self.fail)
+        self.inloop = inloop_evaluator(self.cfg, self.tokenizer_dir, self.device)
+
+    # --- one step ---------------------------------------------------------------------------------
+
+    def next_batch(self, step: int) -> list[Any]:
+        """The loader steps of optimizer step `step` (several under a batch ramp); a stage change is
+        recorded at the step before the stage's first."""
+        parts = [self.loader.next_step() for _ in range(self.plan.units_at(step))]
+        plan = self.plan
+        for part in parts:
+            if part.step == part.stage.first_step:
+                first, last = part.stage.first_step, part.stage.last_step
+                self.metrics.write({"kind": "event", "step": step - 1, "tokens": plan.tokens_at(step - 1),
+                                    "event": "stage", "stage": part.stage.name, "index": part.stage.index,
+                                    "first_step": plan.step_of_loader_step(first),
+                                    "last_step": plan.step_of_loader_step(last),
+                                    "weights": part.stage.weights})  # fmt: skip
+        return parts
+
+    def step(self, parts: list[Any]) -> tuple[float, float]:
+        """Forward and backward over every micro batch, then the synced, unscaled, clipped gradients;
+        returns the step's loss and pre-clip gradient norm."""
+        tc = self.tc
+        micro = [m for part in parts for m in part.micro] if len(parts) > 1 else parts[-1].micro
+        loss_t, _, source_sums = forward_backward(
+            self.wrapped, self.forward, micro, precision=self.precision, scaler=self.scaler, mode=tc.parallel,
+            world_size=self.world_size, doc_masking=tc.doc_masking, device=self.device,
+            sources=self.window.sources,
+        )  # fmt: skip
+        self.window.add_sources(source_sums)
+        norm_t = finish_grads(self.model, self.optimizer, self.scaler, tc.grad_clip, self.sharded)
+        loss, norm = (float(v) for v in torch.stack([loss_t.float(), norm_t.float().cpu()]).tolist())
+        return loss, norm
+
+    def apply_or_skip(
+        self, step: int, tokens: int, decision: Decision, loss: float, norm: float, lr: float
+    ) -> None:
+        """Apply the update, or let the alert dispatch skip it, roll back, or pass an fp16 overflow."""
+        tc, ratios, action = self.tc, self.ratios, decision.action
+        if (
+            ratios is not None
+            and action == "apply"
+            and not decision.overflow
+            and step % tc.monitor_every == 0
+        ):
+            ratios.snapshot()
+        self.checkpointer.before_update()  # a checkpoint's host copy must finish before weights change
+        if decision.overflow:
+            self.alerts.overflow(step, tokens, self.optimizer)
+        elif action == "apply":
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            update_expert_bias(self.model)  # MoE auxiliary-loss-free balancing (no-op otherwise)
+            self.spikes.applied(loss, norm)
+        elif action == "rollback":
+            self.alerts.rollback(step, tokens, self.model, self.optimizer)
+        if action in ("skip", "rollback"):
+            hint = (
+                f"(lr {lr:.3g}). Lower train.lr, raise train.warmup_tokens or check the data; then continue "
+                f"from the last good checkpoint as a fork (`smelt train CONFIG --from {self.out_dir.parent} "
+                f"--set run.name=NEW_NAME`) or start over with --restart (the old train/ is moved "
+                f"to superseded/, not deleted)."
+            )
+            self.alerts.count_skip(step, tokens, decision, loss, norm, hint)
+        self.optimizer.zero_grad(set_to_none=True)
+        if ratios is not None and ratios.before is not None:
+            self.metrics.write({"kind": "layers", "step": step, "tokens": tokens, "layers": ratios.measure()})
+
+    # --- log window, evaluate, checkpoint ---------------------------------------------------------
+
+    def log_window(self, step: int, tokens: int, lr: float, norm: float, stage: str) -> None:
+        """The `kind: train` record of the steps since the last one (and the MoE router figures)."""
+        tc, plan, window, scaler = self.tc, self.plan, self.window, self.scaler
+        steps_in_window = max(1, window.steps)
+        tps = window.tokens_per_s()
+        self.last_log_loss = window.mean_loss()
+        self.metrics.write({
+            "kind": "train", "step": step, "tokens": tokens,
+            **({"batch_tokens": tokens - plan.tokens_at(step - 1)} if plan.units else {}),
+            "loss": self.last_log_loss if window.losses else None, "lr": lr,
+            "grad_norm": norm if math.isfinite(norm) else None,
+            "grad_norm_clipped": clipped_norm(norm, tc.grad_clip),
+            "clipped": bool(tc.grad_clip > 0 and norm > tc.grad_clip),
+            "clip_fraction": window.clipped / steps_in_window, "skipped": window.skipped,
+            "tokens_per_s": tps, "mfu": self.flops_tok * tps / self.peak_total if self.peak_total else None,
+            "stage": stage, "loader_wait_s": window.wait / steps_in_window,
+            "loader_wait_share": window.wait / max(window.time, 1e-9),
+            "memory_mb": memory_mb(self.device),
+            **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
+            **losses_by_source(window.sources, window.source_sums),
+            "elapsed_s": time.time() - self.started,
+        })  # fmt: skip
+        moe_fields = router_metrics(self.model)  # every rank: the loads are summed over ranks
+        if moe_fields:
+            self.metrics.write({"kind": "moe", "step": step, "tokens": tokens, **moe_fields})
+        if window.losses:
+            shown = {"val": f"{self.val_record['val_loss']:.3f}"} if self.val_record else {}
+            self.bar.set_postfix(
+                loss=f"{self.last_log_loss:.3f}", **shown, tok_s=f"{tps:,.0f}", refresh=False
+            )
+        window.reset()
+
+    def evaluate(self, step: int, train_s: float, final: bool = False) -> float | None:
+        """Validation loss at `step`, unless the eval budget says it would cost too large a share."""
+        validation, plan, budget = self.validation, self.plan, self.eval_budget
         if validation is None or validation.tokens == 0:
             return None
         tokens_now = plan.tokens_at(step)
         if not final:  # the final evaluation always runs: it is the run's headline
-            rate = (tokens_now - plan.tokens_at(start_step)) / train_s if train_s > 0 else 0.0
-            predicted = eval_budget.predict_s(validation.tokens, rate)
-            done = (step - start_step) / max(plan.steps - start_step, 1)
-            if not rank0_decides(eval_budget.allows(predicted, train_s, done), device):
-                eval_budget.skipped += 1
-                if eval_budget.skipped == 1 and ctx.is_main:
-                    say(skip_note(step, predicted, eval_budget, train_s))
-                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "eval_skipped",
-                               "predicted_s": round(predicted, 3), "eval_s": round(eval_budget.eval_s, 3),
-                               "train_s": round(train_s, 3), "eval_budget": tc.eval_budget})  # fmt: skip
+            rate = (tokens_now - plan.tokens_at(self.start_step)) / train_s if train_s > 0 else 0.0
+            predicted = budget.predict_s(validation.tokens, rate)
+            done = (step - self.start_step) / max(plan.steps - self.start_step, 1)
+            if not rank0_decides(budget.allows(predicted, train_s, done), self.device):
+                budget.skipped += 1
+                if budget.skipped == 1 and self.ctx.is_main:
+                    say(skip_note(step, predicted, budget, train_s))
+                self.metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "eval_skipped",
+                                    "predicted_s": round(predicted, 3), "eval_s": round(budget.eval_s, 3),
+                                    "train_s": round(train_s, 3), "eval_budget": self.tc.eval_budget})  # fmt: skip
                 return None
-        result = validation.run(forward, desc=f"validation at step {step}", show=ctx.is_main)
-        eval_budget.record(result.seconds, result.tokens)
-        val_record.clear()
-        val_record.update(result.fields())
-        metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, **result.fields(),
-                       "eval_share": eval_budget.share_of(train_s)})  # fmt: skip
+        result = validation.run(self.forward, desc=f"validation at step {step}", show=self.ctx.is_main)
+        budget.record(result.seconds, result.tokens)
+        self.val_record.clear()
+        self.val_record.update(result.fields())
+        self.metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, **result.fields(),
+                            "eval_share": budget.share_of(train_s)})  # fmt: skip
         return result.loss
 
-    def checkpoint(step: int) -> None:
+    def evaluate_inloop(self, step: int, tokens: int) -> None:
+        # FSDP gathers shards in every forward, so all ranks score; otherwise rank 0 alone. At the
+        # training precision, as the validation loss is; log-probs are taken in fp32.
+        with self.precision.autocast():
+            scores = self.inloop(self.model, step)
+        self.metrics.write({"kind": "eval", "step": step, "tokens": tokens, "inloop": True, **scores})
+
+    def checkpoint(self, step: int) -> None:
+        plan = self.plan
         meta = {
             "tokens": plan.tokens_at(step),
-            "loader": loader.state_dict(),
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "alerts": spikes.state_dict(),
-            "config": config_dict,
-            "config_hash": hash_json(config_dict),
-            **identity,
-            "precision": precision.name,
-            "world_size": world_size,
-            "parallel": tc.parallel if ctx.distributed else None,
-            "metrics_offset": metrics.offset,  # where a resume from here cuts metrics.jsonl
+            "loader": self.loader.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "alerts": self.spikes.state_dict(),
+            "config": self.config_dict,
+            "config_hash": hash_json(self.config_dict),
+            **self.identity,
+            "precision": self.precision.name,
+            "world_size": self.world_size,
+            "parallel": self.tc.parallel if self.ctx.distributed else None,
+            "metrics_offset": self.metrics.offset,  # where a resume from here cuts metrics.jsonl
         }
-        rank_state = {"rng": rng_state(device)}
+        rank_state = {"rng": rng_state(self.device)}
         step_tokens = plan.tokens_at(step) - plan.tokens_at(step - 1)
-        for event in checkpointer.save(step, model, optimizer, meta, rank_state, step_tokens):
-            metrics.write(event)
+        self.write_all(
+            self.checkpointer.save(step, self.model, self.optimizer, meta, rank_state, step_tokens)
+        )
 
-    def fail(step: int, message: str) -> RuntimeError:
-        metrics.write({"kind": "event", "step": step, "tokens": plan.tokens_at(step),
-                       "event": "end", "status": "failed", "error": message})  # fmt: skip
-        return RuntimeError(message)
+    # --- finish -----------------------------------------------------------------------------------
 
-    if not have_val and resume_from is None:
-        note = f"no validation tokens under {tokens_dir / 'val'}; skipping validation"
-        if ctx.is_main:
-            log(note)
-        metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "note", "message": note})
+    def finish(self) -> None:
+        """The final validation and checkpoint, and the run's end record."""
+        plan, budget, train_time = self.plan, self.eval_budget, self.window.train_time
+        self.last_val = self.evaluate(plan.steps, train_time, final=True)
+        if self.ctx.is_main and self.validation is not None:
+            say(budget_note(budget, train_time))
+        self.checkpoint(plan.steps)
+        self.write_all(self.checkpointer.close())
+        self.final = self.checkpoints_dir / step_dir_name(plan.steps)
+        self.metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
+                            "status": "ok", "wall_time_s": time.time() - self.started,
+                            "skipped_steps": self.alerts.skipped_total, "rollbacks": self.alerts.rollbacks,
+                            "eval_s": round(budget.eval_s, 3), "evals": budget.runs,
+                            "evals_skipped": budget.skipped})  # fmt: skip
 
-    bar = progress(total=plan.steps, unit="step") if ctx.is_main else tqdm(disable=True)
-    bar.update(start_step)
-    if parent is not None and resume_from is None:  # the fork point, scored on this run's own val data
-        run_eval(0, 0.0, final=True)
-    window_losses: list[float] = []
-    train_sources = list(data_plan.sources)
-    window_source_sums = torch.zeros((len(train_sources), 2), dtype=torch.float64)
-    window_clipped = window_skipped = window_steps = 0
-    window_time, window_wait, train_time, total_wait = 0.0, 0.0, 0.0, 0.0
-    window_tokens = 0
-    last_log_loss = last_logged_loss(out_dir) if start_step >= plan.steps else float("nan")
-    last_val: float | None = None
-    final: Path | None = None
-    skipped_total = rollbacks = 0
-    wrapped.train()
-    # A hung collective or a stuck filesystem never raises; the watchdog turns it into a crash
-    # (with every thread's stack) that a supervisor can restart from the last checkpoint.
-    watchdog = Watchdog(
-        tc.watchdog_s, out_dir / ("watchdog.log" if rank == 0 else f"watchdog_rank{rank}.log")
-    )
-    watchdog.start()
-    try:
-        for step in range(start_step + 1, plan.steps + 1):
-            t0 = time.perf_counter()
-            parts = [loader.next_step() for _ in range(plan.units_at(step))]
-            wait = time.perf_counter() - t0
-            data = parts[-1]
-            micro = [m for part in parts for m in part.micro] if len(parts) > 1 else data.micro
-            stage = data.stage
-            for part in parts:
-                if part.step == part.stage.first_step:
-                    first, last = part.stage.first_step, part.stage.last_step
-                    metrics.write({"kind": "event", "step": step - 1, "tokens": plan.tokens_at(step - 1),
-                                   "event": "stage", "stage": part.stage.name, "index": part.stage.index,
-                                   "first_step": plan.step_of_loader_step(first),
-                                   "last_step": plan.step_of_loader_step(last),
-                                   "weights": part.stage.weights})  # fmt: skip
-            lr = schedule(step - 1)
-            set_lr(optimizer, lr)
-            loss_t, _, source_sums = forward_backward(
-                wrapped, forward, micro, precision=precision, scaler=scaler, mode=tc.parallel,
-                world_size=world_size, doc_masking=tc.doc_masking, device=device, sources=train_sources,
-            )  # fmt: skip
-            if source_sums is not None:
-                window_source_sums += source_sums.cpu()
-            norm_t = finish_grads(model, optimizer, scaler, tc.grad_clip, sharded)
-            loss_value, norm_value = (
-                float(v) for v in torch.stack([loss_t.float(), norm_t.float().cpu()]).tolist()
-            )
-            tokens_now = plan.tokens_at(step)
-            window_tokens += tokens_now - plan.tokens_at(step - 1)
-            overflow = scaler is not None and math.isfinite(loss_value) and not math.isfinite(norm_value)
-            alerts = [] if overflow else spikes.check(loss_value, norm_value)
-            action = SpikeMonitor.action(alerts)
-            for alert in alerts:
-                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "alert",
-                               "alert": alert.kind, "action": alert.action, "message": alert.message,
-                               "value": alert.value if math.isfinite(alert.value) else str(alert.value),
-                               "threshold": alert.threshold})  # fmt: skip
-            if action == "rollback":
-                for event in checkpointer.wait():  # the newest checkpoint may still be writing
-                    metrics.write(event)
-            if action == "rollback" and latest_checkpoint(checkpoints_dir) is None:
-                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "note",
-                               "message": "rollback requested but no checkpoint to roll back to: skipping"})  # fmt: skip
-                action = "skip"
-            if action == "stop":
-                raise fail(step, f"training stopped by alert at step {step}: {alerts[-1].message}")
-            if ratios is not None and action == "apply" and not overflow and step % tc.monitor_every == 0:
-                ratios.snapshot()
-            checkpointer.before_update()  # a checkpoint's host copy must finish before weights change
-            if overflow:
-                assert scaler is not None
-                scaler.step(optimizer)  # sees the inf gradients and skips the update
-                scaler.update()
-                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "overflow",
-                               "loss_scale": scaler.get_scale()})  # fmt: skip
-            elif action == "apply":
-                if scaler is not None:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                update_expert_bias(model)  # MoE auxiliary-loss-free balancing (no-op otherwise)
-                spikes.applied(loss_value, norm_value)
-            elif action == "rollback":
-                target = latest_checkpoint(checkpoints_dir)
-                assert target is not None
-                back_meta, _ = load_training_state(target, model, optimizer)
-                if scaler is not None and back_meta.get("scaler"):
-                    scaler.load_state_dict(back_meta["scaler"])
-                rollbacks += 1
-                # The loader is not rewound: the steps between the checkpoint and this one are the
-                # data window that is skipped (the PaLM recipe). The LR schedule keeps following the step.
-                metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "rollback",
-                               "to_step": int(back_meta["step"]), "path": str(target),
-                               "skipped_steps": [int(back_meta["step"]) + 1, step]})  # fmt: skip
-            if action in ("skip", "rollback"):
-                skipped_total += 1
-                window_skipped += 1
-                if action == "skip":
-                    metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "skip",
-                                   "loss": loss_value if math.isfinite(loss_value) else str(loss_value),
-                                   "grad_norm": norm_value if math.isfinite(norm_value) else str(norm_value)})  # fmt: skip
-                if spikes.skipped():
-                    raise fail(step, (
-                        f"training stopped: {spikes.consecutive_skips} consecutive steps skipped or rolled back "
-                        f"(train.max_consecutive_skips); the last at step {step}: {alerts[-1].message} "
-                        f"(lr {lr:.3g}). Lower train.lr, raise train.warmup_tokens or check the data; then continue "
-                        f"from the last good checkpoint as a fork (`smelt train CONFIG --from {out_dir.parent} "
-                        f"--set run.name=NEW_NAME`) or start over with --restart (the old train/ is moved "
-                        f"to superseded/, not deleted)."
-                    ))  # fmt: skip
-            optimizer.zero_grad(set_to_none=True)
-            if ratios is not None and ratios.before is not None:
-                metrics.write(
-                    {"kind": "layers", "step": step, "tokens": tokens_now, "layers": ratios.measure()}
-                )
-            dt = time.perf_counter() - t0
-            window_time += dt
-            window_wait += wait
-            window_steps += 1
-            train_time += dt
-            total_wait += wait
-            if math.isfinite(loss_value):
-                window_losses.append(loss_value)
-            window_clipped += int(action == "apply" and tc.grad_clip > 0 and norm_value > tc.grad_clip)
-            bar.update(1)
-            for part in parts:
-                for event in mixture.update(part.step, part.source_counts):
-                    metrics.write(event)
-            for event in checkpointer.poll():
-                metrics.write(event)
-
-            if step == 1 or step % tc.log_every == 0 or step == plan.steps:
-                steps_in_window = max(1, window_steps)
-                tps = window_tokens / max(window_time, 1e-9)
-                last_log_loss = sum(window_losses) / len(window_losses) if window_losses else float("nan")
-                metrics.write({
-                    "kind": "train", "step": step, "tokens": tokens_now,
-                    **({"batch_tokens": tokens_now - plan.tokens_at(step - 1)} if plan.units else {}),
-                    "loss": last_log_loss if window_losses else None, "lr": lr,
-                    "grad_norm": norm_value if math.isfinite(norm_value) else None,
-                    "grad_norm_clipped": clipped_norm(norm_value, tc.grad_clip),
-                    "clipped": bool(tc.grad_clip > 0 and norm_value > tc.grad_clip),
-                    "clip_fraction": window_clipped / steps_in_window, "skipped": window_skipped,
-                    "tokens_per_s": tps, "mfu": flops_tok * tps / peak_total if peak_total else None,
-                    "stage": stage.name, "loader_wait_s": window_wait / steps_in_window,
-                    "loader_wait_share": window_wait / max(window_time, 1e-9),
-                    "memory_mb": memory_mb(device),
-                    **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
-                    **losses_by_source(train_sources, window_source_sums),
-                    "elapsed_s": time.time() - started,
-                })  # fmt: skip
-                window_source_sums.zero_()
-                moe_fields = router_metrics(model)  # every rank: the loads are summed over ranks
-                if moe_fields:
-                    metrics.write({"kind": "moe", "step": step, "tokens": tokens_now, **moe_fields})
-                if window_losses:
-                    shown = {"val": f"{val_record['val_loss']:.3f}"} if val_record else {}
-                    bar.set_postfix(loss=f"{last_log_loss:.3f}", **shown, tok_s=f"{tps:,.0f}", refresh=False)
-                window_losses, window_time, window_wait, window_tokens = [], 0.0, 0.0, 0
-                window_clipped = window_skipped = window_steps = 0
-            if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
-                run_eval(step, train_time)
-            if inloop is not None and inloop.due(step) and (sharded or ctx.is_main):
-                # FSDP gathers shards in every forward, so all ranks score; otherwise rank 0 alone.
-                # At the training precision, as the validation loss is; log-probs are taken in fp32.
-                with precision.autocast():
-                    scores = inloop(model, step)
-                metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, "inloop": True, **scores})
-            if step < plan.steps and cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
-                checkpoint(step)
-            watchdog.beat(step)
-        last_val = run_eval(plan.steps, train_time, final=True)
-        if ctx.is_main and validation is not None:
-            say(budget_note(eval_budget, train_time))
-        checkpoint(plan.steps)
-        for event in checkpointer.close():
-            metrics.write(event)
-        final = checkpoints_dir / step_dir_name(plan.steps)
-        summary_tps = (plan.tokens - plan.tokens_at(start_step)) / max(train_time, 1e-9)
-        metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
-                       "status": "ok", "wall_time_s": time.time() - started, "skipped_steps": skipped_total,
-                       "rollbacks": rollbacks, "eval_s": round(eval_budget.eval_s, 3), "evals": eval_budget.runs,
-                       "evals_skipped": eval_budget.skipped})  # fmt: skip
-    except CheckpointSaveError as exc:
-        with contextlib.suppress(OSError):  # a disk that is still full may refuse even these lines
-            metrics.write(exc.event(plan.tokens_at(exc.step)))
-            metrics.write({"kind": "event", "step": exc.step, "tokens": plan.tokens_at(exc.step),
-                           "event": "end", "status": "failed", "error": str(exc)})  # fmt: skip
-        raise
-    finally:
-        watchdog.stop()
+    def close(self) -> None:
+        self.watchdog.stop()
         # A save still writing when the run fails is finished (and committed) before the process ends.
         with contextlib.suppress(Exception):
-            for event in checkpointer.close():
-                metrics.write(event)
-        loader.close()
-        bar.close()
-        metrics.close()
+            self.write_all(self.checkpointer.close())
+        self.loader.close()
+        self.bar.close()
+        self.metrics.close()
 
-    summary = {
-        "steps": plan.steps,
-        "tokens": plan.tokens,
-        "params_total": params["total"],
-        "params_non_embedding": params["non_embedding"],
-        "final_train_loss": last_log_loss,
-        "final_val_loss": last_val,
-        "val_loss_weighting": val_record.get("val_loss_weighting"),
-        "val_loss_by_source": val_record.get("val_loss_by_source"),
-        "eval_time_s": round(eval_budget.eval_s, 3),
-        "eval_share": eval_budget.share_of(train_time),
-        "evals_skipped": eval_budget.skipped,
-        "tokens_per_s": summary_tps,
-        "mfu": flops_tok * summary_tps / peak_total if peak_total else None,
-        "loader_wait_share": total_wait / max(train_time, 1e-9),
-        "stages": [stage.name for stage in data_plan.stages],
-        "resumed_from_step": start_step if resume_from is not None else None,
-        "skipped_steps": skipped_total,
-        "rollbacks": rollbacks,
-        "flops_per_token": flops_tok,
-        "peak_flops": peak_total,
-        "precision": precision.name,
-        "device": str(device),
-        "world_size": world_size,
-        "rank": rank,
-        "checkpoint": str(final) if final is not None else None,
-        "wall_time_s": time.time() - started,
-    }
-    if ctx.is_main:
-        write_json(out_dir / "summary.json", summary)
-    return summary
+    def fail(self, step: int, message: str) -> RuntimeError:
+        """The run's failed end record; returns the error to raise."""
+        self.metrics.write({"kind": "event", "step": step, "tokens": self.plan.tokens_at(step),
+                            "event": "end", "status": "failed", "error": message})  # fmt: skip
+        return RuntimeError(message)
+
+    def write_all(self, records: Any) -> None:
+        for record in records:
+            self.metrics.write(record)

@@ -1,0 +1,122 @@
+"""The records of a training run around its steps: what it starts with (the start or resume record,
+notes, the data plan, the run manifest; the progress bar and the watchdog) and the summary it ends
+with. Functions of the Trainer (trainer.py), whose fields they read."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from smelt.config import hash_json
+from smelt.manifest import write_json
+from smelt.progress import log, progress
+from smelt.train.setup import last_logged_loss, write_run_manifest
+from smelt.train.watchdog import Watchdog
+
+
+def announce(t: Any) -> None:
+    """The records before the first step (start or resume, notes, the data plan), the run manifest,
+    the progress bar and the watchdog."""
+    ctx, tc, plan, schedule = t.ctx, t.tc, t.plan, t.schedule
+    resume_from, start_step, parent = t.resume_from, t.start_step, t.parent
+    start_tokens = plan.tokens_at(start_step)
+    t.metrics.write({
+        "kind": "event", "step": start_step, "tokens": start_tokens,
+        "event": "start" if resume_from is None else "resume", "steps": plan.steps,
+        "batch_tokens": plan.batch_tokens, "grad_accum": plan.grad_accum, "warmup_steps": schedule.warmup,
+        **({"batch_ramp": {"start_tokens": plan.unit_tokens, "ramp_tokens": tc.batch_ramp_tokens,
+                           "full_at_step": plan.units.index(max(plan.units)) + 1}} if plan.units else {}),
+        "schedule": schedule.kind, "precision": t.precision.name, "device": str(t.device),
+        "params_total": t.params["total"], "params_non_embedding": t.params["non_embedding"],
+        "flops_per_token": t.flops_tok, "peak_flops": t.peak_total, "world_size": t.world_size,
+        "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(t.config_dict),
+        "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
+        **({"parent": t.identity["parent"]} if parent is not None else {}),
+        **({"world_size_changed": True} if resume_from is not None and t.rank_state is None else {}),
+        **({"superseded_records": t.superseded} if resume_from is not None else {}),
+    })  # fmt: skip
+    if ctx.is_main:
+        write_run_manifest(
+            t.out_dir, t.cfg, t.identity, resume_from, start_step, t.world_size, t.device,
+            t.precision.name,
+        )  # fmt: skip
+    for warning in t.resume_warnings:
+        note(t, "alert", start_step, f"warning: {warning}", {
+            "alert": "damaged_checkpoint", "action": "fallback" if resume_from else "start_over",
+            "message": warning})  # fmt: skip
+    kept = [f"{len(t.set_aside)} checkpoint directories after step {start_step} were moved to "
+            f"{t.checkpoints_dir / 'superseded'}"] if t.set_aside else []  # fmt: skip
+    if t.metrics.set_aside is not None:
+        kept.append(f"the previous metrics.jsonl was kept as {t.metrics.set_aside.name}")
+    for message in kept:
+        note(t, "note", start_step, f"note: {message}", {"message": message})
+    if resume_from is None:
+        if ctx.is_main:
+            log(t.data_plan.table())
+        t.metrics.write({"kind": "event", "step": 0, "tokens": 0, "event": "data_plan",
+                            **t.data_plan.summary()})  # fmt: skip
+        for warning in t.data_plan.warnings:
+            note(t, "warning", 0, f"warning: {warning}", {"message": warning})
+    if not t.have_val and resume_from is None:
+        message = f"no validation tokens under {t.tokens_dir / 'val'}; skipping validation"
+        note(t, "note", 0, message, {"message": message})
+
+    t.bar = progress(total=plan.steps, unit="step") if ctx.is_main else tqdm(disable=True)
+    t.bar.update(start_step)
+    if parent is not None and resume_from is None:  # the fork point, scored on this run's own val data
+        t.evaluate(0, 0.0, final=True)
+    t.last_log_loss = last_logged_loss(t.out_dir) if start_step >= plan.steps else float("nan")
+    t.last_val = None
+    t.final = None
+    t.wrapped.train()
+    # A hung collective or a stuck filesystem never raises; the watchdog turns it into a crash
+    # (with every thread's stack) that a supervisor can restart from the last checkpoint.
+    name = "watchdog.log" if t.rank == 0 else f"watchdog_rank{t.rank}.log"
+    t.watchdog = Watchdog(tc.watchdog_s, t.out_dir / name)
+    t.watchdog.start()
+
+
+def note(t: Any, event: str, step: int, shown: str, fields: dict[str, Any]) -> None:
+    """An event that rank 0 also prints."""
+    if t.ctx.is_main:
+        log(shown)
+    tokens = t.plan.tokens_at(step) if step else 0
+    t.metrics.write({"kind": "event", "step": step, "tokens": tokens, "event": event, **fields})
+
+
+def summary(t: Any) -> dict[str, Any]:
+    plan, train_time, budget = t.plan, t.window.train_time, t.eval_budget
+    tps = (plan.tokens - plan.tokens_at(t.start_step)) / max(train_time, 1e-9)
+    summary = {
+        "steps": plan.steps,
+        "tokens": plan.tokens,
+        "params_total": t.params["total"],
+        "params_non_embedding": t.params["non_embedding"],
+        "final_train_loss": t.last_log_loss,
+        "final_val_loss": t.last_val,
+        "val_loss_weighting": t.val_record.get("val_loss_weighting"),
+        "val_loss_by_source": t.val_record.get("val_loss_by_source"),
+        "eval_time_s": round(budget.eval_s, 3),
+        "eval_share": budget.share_of(train_time),
+        "evals_skipped": budget.skipped,
+        "tokens_per_s": tps,
+        "mfu": t.flops_tok * tps / t.peak_total if t.peak_total else None,
+        "loader_wait_share": t.window.total_wait / max(train_time, 1e-9),
+        "stages": [stage.name for stage in t.data_plan.stages],
+        "resumed_from_step": t.start_step if t.resume_from is not None else None,
+        "skipped_steps": t.alerts.skipped_total,
+        "rollbacks": t.alerts.rollbacks,
+        "flops_per_token": t.flops_tok,
+        "peak_flops": t.peak_total,
+        "precision": t.precision.name,
+        "device": str(t.device),
+        "world_size": t.world_size,
+        "rank": t.rank,
+        "checkpoint": str(t.final) if t.final is not None else None,
+        "wall_time_s": time.time() - t.started,
+    }
+    if t.ctx.is_main:
+        write_json(t.out_dir / "summary.json", summary)
+    return summary
