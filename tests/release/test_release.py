@@ -204,6 +204,15 @@ def test_release_refuses_bad_input_with_the_fix(tiny_run, released, tmp_path):
         UserError, match=r"release output .* is not empty \(.*\)\. Pass a new directory, or --force"
     ):
         release_run(run_dir, released)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(
+        UserError, match=r"is not empty and is not an earlier release .* --force does not delete"
+    ):
+        release_run(run_dir, tmp_path / "notes", force=True)
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+    with pytest.raises(UserError, match=r"and the run .* overlap \(one holds the other\)"):
+        release_run(run_dir, run_dir.parent, force=True)
     with pytest.raises(UserError, match=r"--license names source 'web', which this run does not have"):
         release_run(run_dir, tmp_path / "a", licenses={"web": "MIT"})
     empty = tmp_path / "run"

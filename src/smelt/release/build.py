@@ -113,8 +113,17 @@ def _prepare_out(out_dir: Path, force: bool) -> bool:
             f"release output {out_dir} is not empty ({existing[0].name} is there). Pass a new directory, or "
             f"--force to replace what is in it."
         )
+    if existing and not (out_dir / RELEASE_JSON).is_file():
+        # --force replaces an earlier release, never a directory that holds something else
+        raise UserError(
+            f"release output {out_dir} is not empty and is not an earlier release (it has no {RELEASE_JSON}), "
+            f"so --force does not delete what is there ({existing[0].name}, ...). Pass a new or empty directory."
+        )
     for path in existing:
-        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
     return is_git
 
@@ -166,8 +175,12 @@ def release_run(
             f"--license names source {unknown[0]!r}, which this run does not have (sources: "
             f"{', '.join(sources)}); use SOURCE=LICENSE with one of those names."
         )
-    if out_dir.resolve() == run_dir.resolve() or run_dir.resolve() in out_dir.resolve().parents:
-        raise UserError(f"release output {out_dir} is inside the run {run_dir}; write the release elsewhere.")
+    run_path, out_path = run_dir.resolve(), out_dir.resolve()
+    if out_path == run_path or run_path in out_path.parents or out_path in run_path.parents:
+        raise UserError(
+            f"release output {out_dir} and the run {run_dir} overlap (one holds the other); write the release "
+            f"to a directory outside the run."
+        )
     is_git = _prepare_out(out_dir, force)
     tokenizer_dir = run_dir / "tokenizer"
 

@@ -42,7 +42,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "--include-tokens", action="store_true", help="copy the training token shards into OUT/tokens/"
     )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--force", action="store_true", help="replace the contents of a non-empty OUT")
+    p.add_argument("--force", action="store_true", help="replace an earlier release in OUT")
     p.set_defaults(func=run)
 
 
