@@ -183,6 +183,10 @@ def release_run(
         )
     is_git = _prepare_out(out_dir, force)
     tokenizer_dir = run_dir / "tokenizer"
+    # The data order first: a run whose plan no longer matches its checkpoints stops before any export.
+    shards_json = read_json(run_dir / "tokens" / "shards.json") or {}
+    steps = [(int(meta["step"]), meta) for meta in metas]
+    order = write_data_order(run_dir, steps, out_dir, shards_json)
 
     revisions = []
     for path, meta in zip(checkpoints, metas, strict=True):
@@ -209,10 +213,6 @@ def release_run(
         if (final / name).is_file():
             _link_or_copy(final / name, out_dir / name)
 
-    shards_json = read_json(run_dir / "tokens" / "shards.json") or {}
-    order = write_data_order(
-        run_dir, [(r["step"], m) for r, m in zip(revisions, metas, strict=True)], out_dir, shards_json
-    )
     _copy_artifacts(run_dir, out_dir, include_tokens)
     decisions = _decisions(run_dir)
     if decisions:
