@@ -13,8 +13,9 @@ the same for the pool, for Ray, and for any number of workers.
   task with `max_retries` (`data.retries`, `tokens.retries`), so a task whose worker process or node died
   is run again by Ray; tasks write their outputs atomically and deterministically, so a task run twice
   leaves the same bytes. `address` empty starts a local Ray on this machine (`workers` CPUs, 0: all);
-  `auto` or `ray://host:10001` joins an existing cluster (all its CPUs), whose nodes need smelt installed and must
-  reach the stage's input and output paths (a shared filesystem, or URLs for the inputs).
+  `auto` or `ray://host:10001` joins an existing cluster (all its CPUs), whose nodes need smelt
+  installed and must reach the stage's input and output paths (a shared filesystem; inputs may be URLs).
+  A Ray this process had initialized already is used as it is and left running.
 """
 
 from __future__ import annotations
@@ -213,15 +214,16 @@ class RayExecutor(TaskExecutor):
         return future
 
     def _settle(self, done: Future, future: Future) -> None:
-        """Pass the task's own exception on (a UserError stays a UserError, with its message alone)."""
-        if future.cancelled():  # the stage stopped waiting (another task failed)
+        if not future.set_running_or_notify_cancel():  # the stage stopped waiting (another task failed)
             return
         exc = done.exception()
         if exc is None:
             future.set_result(done.result())
             return
+        # Ray's error is an instance of the task's exception class too, and carries the remote traceback;
+        # a UserError is passed on bare, so the message the user sees is the one it was raised with.
         cause = getattr(exc, "cause", None)
-        future.set_exception(cause if isinstance(cause, Exception) else exc)
+        future.set_exception(cause if isinstance(cause, UserError) else exc)
 
     def share(self, value: Any) -> Any:
         return self._ray.put(value)

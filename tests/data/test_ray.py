@@ -179,6 +179,10 @@ def _refuse(value: int) -> int:
     raise UserError(f"record {value} is bad: fix it")
 
 
+def _break(value: int) -> int:
+    raise ValueError(f"bug on {value}")
+
+
 def test_ray_executor_retries_killed_tasks_and_passes_user_errors_on(local_ray, tmp_path):
     executor = make_executor("ray", 0, retries=1)
     future = executor.submit(_die_first_time, str(tmp_path / "marker"), 21)
@@ -188,5 +192,8 @@ def test_ray_executor_retries_killed_tasks_and_passes_user_errors_on(local_ray, 
     with pytest.raises(UserError) as info:
         executor.submit(_refuse, 7).result()
     assert str(info.value) == "record 7 is bad: fix it"  # the message alone, not Ray's traceback
+    with pytest.raises(ValueError, match="bug on 3") as bug:
+        executor.submit(_break, 3).result()
+    assert "in _break" in str(bug.value)  # any other error keeps the worker's traceback
     executor.close()
     assert ray.is_initialized()  # a Ray it did not start is left running
