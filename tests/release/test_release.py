@@ -157,6 +157,8 @@ def test_cards_come_from_the_manifests(tiny_run, released):
     assert f"| training FLOPs | {fpt * 6 * 256:.4g} |" in card
     assert "| `step_0000004` | 4 | 1,024 | yes | `data_order/step_0000004.jsonl.gz` (steps 3-4) |" in card
     assert "No licence was stated for source(s) code" in card
+    heldout = json.loads((run_dir / "eval" / "step_0000006.json").read_text())["heldout"]["overall"]
+    assert f"| 6 | 1,536 | {heldout['loss']:,.4g} | {heldout['bits_per_byte']:,.4g} |" in card
     stats = json.loads((run_dir / "documents" / "stats.json").read_text())
     prose = stats["sources"]["prose"]
     assert f"| prose | jsonl | CC-BY-4.0 | {prose['documents_in']:,} | {prose['documents_kept']:,} |" in data
