@@ -139,7 +139,7 @@ def _execute(cfg: Config, stage: str, directory: Path, resume: bool = False) -> 
 
         return train_tokenizer(cfg.tokenizer, run_dir / STAGE_DIRS["curate"], directory, cfg.run.seed)
     if stage == "tokenize":
-        from smelt.tokens.shards import tokenize
+        from smelt.tokens.tokenize import tokenize
 
         return tokenize(
             cfg.tokens, run_dir / STAGE_DIRS["curate"], run_dir / STAGE_DIRS["tokenizer"], directory

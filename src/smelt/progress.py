@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TypeVar
 
 from tqdm import tqdm
@@ -54,10 +54,6 @@ def progress(
         dynamic_ncols=True,
         leave=False,
     )
-
-
-def iterate(iterable: Iterable[T], **kwargs) -> Iterator[T]:
-    yield from progress(iterable, **kwargs)
 
 
 def log(message: str) -> None:

@@ -168,13 +168,15 @@ def eval_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+def flat(value: Any, prefix: str = "", whole_lists: bool = False) -> dict[str, Any]:
+    """Nested dicts as dotted keys. A list of records shows as "[N items]" in a summary table;
+    `whole_lists` keeps every list whole (the unit of a config diff)."""
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for k, v in value.items():
-            out.update(flat(v, f"{prefix}{k}."))
+            out.update(flat(v, f"{prefix}{k}.", whole_lists))
         return out
-    if isinstance(value, list):
+    if isinstance(value, list) and not whole_lists:
         return (
             {prefix.rstrip("."): f"[{len(value)} items]"}
             if value and isinstance(value[0], dict)

@@ -123,7 +123,7 @@ def tiny_run(tmp_path_factory) -> tuple[Path, Config]:
     """RUN/{documents,tokenizer,tokens,train/checkpoints/step_{1,2}} and a tasks directory."""
     from smelt.tokenizer.load import Tokenizer
     from smelt.tokenizer.train import train_tokenizer
-    from smelt.tokens.shards import tokenize
+    from smelt.tokens.tokenize import tokenize
 
     base = tmp_path_factory.mktemp("evalrun")
     root = base / "run"

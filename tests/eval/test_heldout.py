@@ -15,7 +15,8 @@ from smelt.eval.heldout import heldout_bits_per_byte, stream_nll
 from smelt.model.transformer import Transformer
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokenizer.train import train_tokenizer
-from smelt.tokens.shards import ShardSet, tokenize
+from smelt.tokens.shards import ShardSet
+from smelt.tokens.tokenize import tokenize
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from smelt.config import TokensConfig
 from smelt.errors import UserError
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokens.inspect import describe_window, token_frequencies
-from smelt.tokens.shards import ShardSet, tokenize
+from smelt.tokens.shards import ShardSet
+from smelt.tokens.tokenize import tokenize
 
 from .conftest import TEXTS
 

@@ -14,7 +14,8 @@ from smelt.config import TokenizerConfig, TokensConfig
 from smelt.errors import UserError
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokenizer.train import train_tokenizer
-from smelt.tokens.shards import ShardSet, token_dtype, tokenize
+from smelt.tokens.shards import ShardSet, token_dtype
+from smelt.tokens.tokenize import tokenize
 
 from .conftest import TEXTS, write_documents
 

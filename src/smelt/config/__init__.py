@@ -42,9 +42,9 @@ from smelt.config.data import (  # noqa: F401  (smelt.config is where every sect
 )
 from smelt.config.env import expand_env
 from smelt.config.fields import option
+from smelt.config.presets import MODEL_PRESETS
 from smelt.errors import ConfigError
 from smelt.model.moe_config import check_moe
-from smelt.config.presets import MODEL_PRESETS
 
 
 @dataclass

@@ -5,38 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
-from smelt.arguments import group
+from smelt.arguments import group, number, number_list, number_pair
 from smelt.errors import UserError
 from smelt.summary import print_table
-
-_SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
-
-
-def number(text: str) -> float:
-    """A float that may use _ separators or a k/M/B/T suffix: 5e5, 500_000, 2T, 1.5B."""
-    cleaned = text.strip().replace("_", "").replace(",", "")
-    match = re.fullmatch(r"([-+0-9.eE]+)([kKMBGTP]?)", cleaned)
-    try:
-        if not match:
-            raise ValueError(text)
-        return float(match.group(1)) * _SUFFIX.get(match.group(2), 1.0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 5e5, 500_000, 2T)") from None
-
-
-def _numbers(text: str) -> list[float]:
-    return [number(x) for x in text.split(",") if x.strip()]
-
-
-def _pair(text: str) -> tuple[float, float]:
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"{text!r} must be N,D, e.g. 7e9,1.4e11")
-    return number(parts[0]), number(parts[1])
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -44,14 +18,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     from smelt.plan.budget import GPUS
 
     sub = subparsers
-    plan_sub = group(
-        sub,
-        "plan",
-        "sizes, FLOPs and memory before spending compute",
-        "Planning commands.",
-        "plan_command",
-        "WHAT",
-    )
+    what = "sizes, FLOPs and memory before spending compute"
+    plan_sub = group(sub, "plan", what, "Planning commands.", "plan_command", "WHAT")
     p = plan_sub.add_parser(
         "model",
         help="parameters, FLOPs per token, KV cache and weight memory of a preset",
@@ -87,7 +55,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--unique-tokens", type=number, help="unique tokens in the data (warns past 4 epochs)")
     p.add_argument("--batch-tokens", type=number, help="planned global batch (warns far above critical)")
     p.add_argument("--json", dest="json_out", help="also write the plan as JSON to this path")
-    p.add_argument("--preset", help="also what the budget buys for this model preset (total vs active params)")
+    p.add_argument(
+        "--preset", help="also what the budget buys for this model preset (total vs active params)"
+    )
     p.set_defaults(func=_budget)
 
     p = plan_sub.add_parser(
@@ -158,7 +128,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--isoflop-tolerance", type=float, default=0.1, help="log10 C width of a group")
     p.add_argument("--min-sizes", type=int, default=3, help="sizes an IsoFLOP group needs (default 3)")
     p.add_argument("--compute", type=number, action="append", help="report N*(C), D*(C) here (repeatable)")
-    p.add_argument("--predict", type=_pair, action="append", metavar="N,D", help="predict a run's loss")
+    p.add_argument("--predict", type=number_pair, action="append", metavar="N,D", help="predict a run's loss")
     p.add_argument("--params", choices=("non-embedding", "total"), default="non-embedding", help="N of runs")
     for col in ("n", "d", "c", "loss", "group"):
         p.add_argument(
@@ -182,9 +152,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--min-params", type=number, help="smallest non-embedding size (default max / 32)")
     p.add_argument("--max-params", type=number, help="largest non-embedding size (default: the config's)")
     p.add_argument("--tokens-per-param", type=float, default=20.0)
-    p.add_argument("--token-multipliers", type=_numbers, default=[1.0], help="e.g. 0.5,1,2")
+    p.add_argument("--token-multipliers", type=number_list, default=[1.0], help="e.g. 0.5,1,2")
     p.add_argument("--isoflop", action="store_true", help="an IsoFLOP grid over --computes instead")
-    p.add_argument("--computes", type=_numbers, help="FLOP budgets for --isoflop, e.g. 1e15,3e15,1e16")
+    p.add_argument("--computes", type=number_list, help="FLOP budgets for --isoflop, e.g. 1e15,3e15,1e16")
     p.add_argument("--spread", type=float, default=4.0, help="--isoflop sizes span N*/spread..N* x spread")
     action = p.add_mutually_exclusive_group()
     action.add_argument("--run", action="store_true", help="train every rung here, then fit")
@@ -476,7 +446,9 @@ def _ladder(args: argparse.Namespace) -> int:
             )
             print(f"written: {out / 'slurm.sh'} (sbatch after the first four lines of commands.sh)")
     elif args.run:
-        results = L.run_ladder(cfg, rungs, force=args.force)
+        from smelt.pipeline import run_stage
+
+        results = L.run_ladder(cfg, rungs, run_stage, force=args.force)
         warnings = L.ladder_warnings(rungs, L.available_train_tokens(cfg), args.isoflop)
         _print_ladder_results(results)
         L.write_plan(cfg, rungs, {"config": str(args.config), "overrides": list(args.overrides),

@@ -348,10 +348,9 @@ def plan_table(rungs: list[Rung]) -> str:
     return "\n".join(lines)
 
 
-def run_ladder(cfg: Config, rungs: list[Rung], force: bool = False) -> list[dict[str, Any]]:
-    """Data stages once in the base run, then each rung's train stage; returns each rung's result."""
-    from smelt.pipeline import run_stage  # lazy: the planner is usable without the training stack
-
+def run_ladder(cfg: Config, rungs: list[Rung], run_stage: Any, force: bool = False) -> list[dict[str, Any]]:
+    """Data stages once in the base run, then each rung's train stage; returns each rung's result.
+    `run_stage(cfg, stage, force=...)` is the pipeline's (passed in: the planner sits below it)."""
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     write_json(cfg.run_dir / "config.json", cfg.to_dict())
     for stage in DATA_STAGES:

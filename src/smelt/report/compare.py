@@ -27,8 +27,9 @@ from smelt.report.eval_sections import task_curves, tokens_of
 from smelt.report.forks import equal_tokens_section
 from smelt.report.lineage import Family, flops_offset, tree_html
 from smelt.report.page import missing, note, page, row, section, table
-from smelt.report.run import Run, final_metrics, finite, flatten, load_run
+from smelt.report.run import Run, final_metrics, finite, load_run
 from smelt.report.svg import COLORS, Band, Chart, Series, chart_svg
+from smelt.summary import flat
 
 IGNORED_FOR_SEEDS = ("run.seed", "run.name", "run.dir")
 MAX_TASK_CHARTS = 12
@@ -58,9 +59,9 @@ def labels(runs: list[Run]) -> list[str]:
 
 def _config(run: Run) -> dict[str, Any]:
     if run.config is not None:
-        return flatten(run.config)
+        return flat(run.config, whole_lists=True)
     train = run.manifests.get("train") or {}
-    return flatten(train.get("config") or {})
+    return flat(train.get("config") or {}, whole_lists=True)
 
 
 def seed_groups(runs: list[Run]) -> list[list[int]]:

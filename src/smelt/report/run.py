@@ -289,13 +289,3 @@ def final_metrics(run: Run) -> dict[str, float]:
         for name, value in task_scores(last_eval).items():
             out[f"task/{name}"] = value
     return out
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as dotted keys (lists stay whole): the unit of a config diff."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(flatten(item, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): value}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Any
 
@@ -295,7 +294,3 @@ def events_section(run: Run) -> str:
     if len(shown) > 400:
         parts.append(note(f"{len(shown) - 400} more events in {run.metrics_path}."))
     return "\n".join(parts)
-
-
-def fmt_pct(value: float | None) -> str:
-    return "-" if value is None or not math.isfinite(value) else f"{100 * value:.1f}%"

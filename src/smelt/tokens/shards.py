@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from smelt.config import TokensConfig
 from smelt.errors import UserError
 
 META_JSON = "meta.json"
@@ -53,15 +52,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
-
-
-def tokenize(
-    cfg: TokensConfig, documents_dir: Path, tokenizer_dir: Path, out_dir: Path, **kwargs
-) -> dict[str, Any]:
-    """Documents -> token shards; see `smelt.tokens.tokenize.tokenize` (kept here for existing imports)."""
-    from smelt.tokens.tokenize import tokenize as run
-
-    return run(cfg, documents_dir, tokenizer_dir, out_dir, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
