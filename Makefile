@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # tests run; `make install EXTRAS=dev` leaves it out.
 EXTRAS ?= dev,langid-lingua,ray
 
-.PHONY: install quickstart test bench lint clean
+.PHONY: install quickstart test test-fast bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ quickstart: install
 
 test: install
 	$(BIN)/python -m pytest tests
+
+# Unit tests only: everything but the tests marked slow (end-to-end runs, compiled kernels, subprocesses).
+test-fast: install
+	$(BIN)/python -m pytest tests -m "not slow"
 
 bench: install
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -1,0 +1,225 @@
+"""The shape of the code: which packages may import which (design.md section 2), no import cycles,
+no file past 500 lines but the cohesive ones docs/contributing.md names, and a trainer loop that
+reads as its phases. The imports are read with ast, nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "smelt"
+
+# Lower layers never import higher ones; packages within one layer do not import each other. The
+# command modules (`<package>/commands.py`, pipeline_commands.py, cli.py) are the top: they may import
+# anything, and nothing imports them.
+LAYERS = [
+    {"errors"},
+    {"jsonl", "documents", "layout", "executors", "progress", "arguments"},
+    {"benchmark_files"},
+    {"config", "manifest", "lifecycle"},
+    {"summary"},
+    {"model"},
+    {"data", "tokenizer"},
+    {"tokens"},
+    {"checkpoint"},
+    {"eval"},
+    {"train", "plan"},
+    {"report"},
+    {"posttrain", "release"},
+    {"pipeline"},
+    {"anneal"},
+]
+# Arrows against the layers that are still there, each with where it comes from. Remove an entry
+# when its import goes; the test fails on a new arrow and on an entry that no longer happens.
+KNOWN_ARROWS = {
+    ("config", "model"): "config/__init__.py validates MoE keys with model.moe_config.check_moe",
+    ("model", "checkpoint"): "model/hf.py export_hf loads the checkpoint it converts",
+    ("model", "posttrain"): "model/hf.py writes the chat template of posttrain/chat.py",
+    ("train", "report"): "train/setup.py metric_sinks builds report/sinks.py's TensorBoard and W&B sinks",
+}
+# Cohesive algorithm files allowed past 500 lines (docs/contributing.md says why each).
+LONG_FILES = {"tokenizer/native.py", "data/pii.py", "config/__init__.py"}
+MAX_LINES = 500
+MAX_LOOP_LINES = 60
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_command_module(module: str) -> bool:
+    return module.endswith(".commands") or module in ("smelt.cli", "smelt.pipeline_commands")
+
+
+def _unit(module: str) -> str:
+    """The package (or top-level module) a module belongs to: smelt.train.trainer -> train."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "smelt"
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("smelt."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("smelt."):
+                found.add(node.module)
+            elif node.module == "smelt":  # `from smelt import layout`
+                found.update(f"smelt.{a.name}" for a in node.names if (SRC / a.name).exists()
+                             or (SRC / f"{a.name}.py").exists())  # fmt: skip
+    return found
+
+
+def module_imports() -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p) for p in SRC.rglob("*.py")}
+
+
+def package_arrows() -> dict[tuple[str, str], set[str]]:
+    """(from package, to package) -> the modules making that import, command modules left out."""
+    arrows: dict[tuple[str, str], set[str]] = {}
+    for module, imported in module_imports().items():
+        if _is_command_module(module):
+            continue
+        for target in imported:
+            pair = (_unit(module), _unit(target))
+            if pair[0] != pair[1] and pair[1] != "smelt":
+                arrows.setdefault(pair, set()).add(module)
+    return arrows
+
+
+def _layer(unit: str) -> int | None:
+    return next((i for i, layer in enumerate(LAYERS) if unit in layer), None)
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
+            if nxt not in state and (found := visit(nxt, [*path, nxt])):
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return None
+
+
+def test_every_package_has_a_layer():
+    units = {_unit(m) for m in module_imports() if not _is_command_module(m)} - {"smelt", "__main__"}
+    missing = sorted(u for u in units if _layer(u) is None)
+    assert not missing, f"add {missing} to a layer of LAYERS in tests/test_architecture.py"
+
+
+def test_no_import_against_the_layers():
+    wrong = {}
+    for (source, target), modules in package_arrows().items():
+        if target in {"cli", "pipeline_commands"} or target.endswith("commands"):
+            wrong[(source, target)] = modules
+            continue
+        low, high = _layer(source), _layer(target)
+        if low is None or high is None:
+            continue
+        if (high > low or (high == low and source != target)) and (source, target) not in KNOWN_ARROWS:
+            wrong[(source, target)] = modules
+    assert not wrong, "imports against design.md's direction: " + "; ".join(
+        f"{s} -> {t} in {', '.join(sorted(m))}" for (s, t), m in sorted(wrong.items())
+    )
+
+
+def test_known_arrows_still_happen():
+    gone = sorted(set(KNOWN_ARROWS) - set(package_arrows()))
+    assert not gone, f"{gone} no longer happen: remove them from KNOWN_ARROWS"
+
+
+def test_no_cycle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for source, target in package_arrows():
+        if (source, target) not in KNOWN_ARROWS:
+            graph.setdefault(source, set()).add(target)
+    cycle = _cycle(graph)
+    assert cycle is None, f"import cycle between packages: {' -> '.join(cycle or [])}"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+# Module cycles still there, each with its owner's reason; remove an entry when its cycle goes.
+KNOWN_MODULE_CYCLES = {
+    frozenset({"smelt.config", "smelt.model.moe_config"}): "MoE key checks import ModelConfig's module",
+    frozenset({"smelt.model.moe", "smelt.model.moe_parallel"}): "expert parallelism and the MoE layer",
+    frozenset({"smelt.model.generate", "smelt.model.transformer"}): "the KV cache and the model",
+}
+
+
+def test_no_cycle_between_modules():
+    imports = module_imports()
+    graph = {m: {t for t in targets if t in imports and t != m} for m, targets in imports.items()}
+    # A package's __init__ that imports its own modules is not a cycle with them.
+    graph = {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in graph.items()}
+    cycles = {frozenset(c) for c in _cycles(graph)}
+    new = [sorted(c) for c in cycles - set(KNOWN_MODULE_CYCLES)]
+    assert not new, f"import cycles between modules: {new}"
+    gone = [sorted(c) for c in set(KNOWN_MODULE_CYCLES) - cycles]
+    assert not gone, f"{gone} are no longer cycles: remove them from KNOWN_MODULE_CYCLES"
+
+
+def test_no_file_over_500_lines_but_the_named_ones():
+    long = {
+        p.relative_to(SRC).as_posix(): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    unexpected = {path: n for path, n in long.items() if path not in LONG_FILES}
+    assert not unexpected, f"split these files (or name them in docs/contributing.md): {unexpected}"
+    contributing = (SRC.parents[1] / "docs" / "contributing.md").read_text(encoding="utf-8")
+    assert all(f"src/smelt/{path}" in contributing for path in LONG_FILES)
+
+
+def test_the_trainer_loop_reads_as_its_phases():
+    tree = ast.parse((SRC / "train" / "trainer.py").read_text(encoding="utf-8"))
+    trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
+    train = next(n for n in trainer.body if isinstance(n, ast.FunctionDef) and n.name == "train")
+    lines = train.end_lineno - train.lineno + 1
+    assert lines <= MAX_LOOP_LINES, f"Trainer.train is {lines} lines; move work into a named phase"
+    called = {
+        n.func.attr for n in ast.walk(train) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    }
+    phases = {"build", "resume", "step", "apply_or_skip", "log_window", "evaluate", "checkpoint", "finish"}
+    assert phases <= called, f"Trainer.train does not call {sorted(phases - called)}"
