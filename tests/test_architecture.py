@@ -58,18 +58,24 @@ def _unit(module: str) -> str:
     return parts[1] if len(parts) > 1 else "smelt"
 
 
+def _is_module(name: str) -> bool:
+    path = SRC.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def _imports(path: Path) -> set[str]:
+    """The smelt modules a file imports, lazily or not (`from smelt.data import web` is smelt.data.web)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("smelt."))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module.startswith("smelt."):
-                found.add(node.module)
-            elif node.module == "smelt":  # `from smelt import layout`
-                found.update(f"smelt.{a.name}" for a in node.names if (SRC / a.name).exists()
-                             or (SRC / f"{a.name}.py").exists())  # fmt: skip
-    return found
+            if node.module != "smelt" and not node.module.startswith("smelt."):
+                continue
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if _is_module(child) else node.module)
+    return {name for name in found if name != "smelt"}
 
 
 def module_imports() -> dict[str, set[str]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from smelt.data.document import Doc, Ledger
 from smelt.data.extract import decode_html, extractor
-from smelt.data.readers import ReadSpec
+from smelt.data.read_spec import ReadSpec
 from smelt.data.warc import WarcError, WarcRecord, decode_body, is_html, iter_records, parse_http
 
 BINARY_SNIFF = 8192  # a NUL byte in this prefix marks a file as binary, not HTML
