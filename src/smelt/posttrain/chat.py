@@ -182,7 +182,7 @@ def read_preferences(path: str | Path) -> list[dict[str, Any]]:
 
 
 def addition_items(n: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
-    """A synthetic verifiable task: `a+b` -> `a+b=c`, both operands with `digits` digits at most."""
+    """A synthetic verifiable task: `a+b` -> the sum, both operands with `digits` digits at most."""
     rng = random.Random(seed)
     top = 10**digits
     items = []
@@ -190,7 +190,7 @@ def addition_items(n: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
         a, b = rng.randrange(top), rng.randrange(top)
         items.append({
             "messages": [{"role": "user", "content": f"{a}+{b}"},
-                         {"role": "assistant", "content": f"{a}+{b}={a + b}"}],
+                         {"role": "assistant", "content": str(a + b)}],
             "answer": str(a + b),
         })  # fmt: skip
     return items

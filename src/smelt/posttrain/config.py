@@ -23,6 +23,7 @@ from typing import Any
 import tomllib
 
 from smelt.config import apply_override
+from smelt.config.env import expand_env
 from smelt.config.fields import option
 from smelt.errors import ConfigError
 
@@ -168,6 +169,7 @@ def _value(tp: Any, value: Any, key: str, meta: Any, origin: str) -> Any:
             f"Fix the value in the config or the --set override."
         )
     value = float(value) if tp is float else value
+    value = expand_env(value, key, origin) if tp is str else value
     lo_hi, choices = meta.get("range"), meta.get("choices")
     if lo_hi is not None and not lo_hi[0] <= value <= lo_hi[1]:
         raise ConfigError(

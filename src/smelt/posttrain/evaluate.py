@@ -117,15 +117,21 @@ def mean_reward(
     items: list[dict[str, Any]],
     reward: Reward,
     max_new_tokens: int,
-    batch_size: int = 16,
+    batch_size: int = 64,
+    temperature: float = 0.0,
+    samples: int = 1,
+    seed: int = 0,
 ) -> float | None:
-    """The mean reward of greedy chat replies."""
+    """The mean reward of chat replies: greedy, or `samples` replies per item at `temperature`."""
     if not items:
         return None
-    prompts = [chat.prompt_ids(prompt_of(item)) for item in items]
-    replies = generate_replies(model, prompts, chat.end_of_turn_id, max_new_tokens, batch_size)
-    return sum(reward(chat.decode_reply(r), item) for r, item in zip(replies, items, strict=True)) / len(
-        items
+    owners = [item for item in items for _ in range(samples)]
+    prompts = [chat.prompt_ids(prompt_of(item)) for item in owners]
+    replies = generate_replies(
+        model, prompts, chat.end_of_turn_id, max_new_tokens, batch_size, temperature, seed
+    )
+    return sum(reward(chat.decode_reply(r), item) for r, item in zip(replies, owners, strict=True)) / len(
+        owners
     )
 
 

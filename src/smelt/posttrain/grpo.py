@@ -9,7 +9,8 @@ parent) by the k3 estimator exp(ref - logp) - (ref - logp) - 1, per token:
 
     loss = mean over replies of mean over their tokens of (-A * ratio + kl_coef * KL)
 
-Per-step reward, reply length and KL go to metrics.jsonl; held-out mean reward (greedy) before and after.
+Per-step reward, reply length and KL go to metrics.jsonl; the held-out mean reward, greedy and sampled as
+in training (group_size replies per prompt at the training temperature), before and after.
 """
 
 from __future__ import annotations
@@ -107,8 +108,19 @@ def run_grpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = No
     start_event(stage, o.steps, train_items=len(train), heldout_items=len(held), group_size=g.group_size,
                 reward=g.reward, kl_coef=g.kl_coef)  # fmt: skip
     log(f"[grpo] {len(train)} prompts, {o.batch_size} x {g.group_size} samples per step, {o.steps} steps")
-    before = mean_reward(stage.model, chat, held, reward, g.max_new_tokens)
-    log_record(stage, {"kind": "eval", "step": 0, "tokens": 0, "heldout_reward": before})
+
+    def heldout(step: int) -> dict[str, Any]:
+        """Held-out mean reward, greedy and as sampled in training (the objective), logged as an eval."""
+        figures = {
+            "heldout_reward": mean_reward(stage.model, chat, held, reward, g.max_new_tokens),
+            "heldout_sampled_reward": mean_reward(stage.model, chat, held, reward, g.max_new_tokens,
+                                                  temperature=g.temperature, samples=g.group_size,
+                                                  seed=cfg.run.seed + 7),
+        }  # fmt: skip
+        log_record(stage, {"kind": "eval", "step": step, "tokens": stage.tokens, **figures})
+        return figures
+
+    before = heldout(0)
     rng = random.Random(cfg.run.seed + 1)
     order: list[int] = []
     bar = progress(total=o.steps, desc="grpo", unit="step")
@@ -160,23 +172,16 @@ def run_grpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = No
             log_record(stage, {"kind": "train", "step": step + 1, "tokens": stage.tokens, **stats, "lr": lr,
                                "tokens_per_s": stage.tokens_per_s()})  # fmt: skip
         if o.eval_every and (step + 1) % o.eval_every == 0 and step + 1 < o.steps:
-            log_record(
-                stage,
-                {
-                    "kind": "eval",
-                    "step": step + 1,
-                    "tokens": stage.tokens,
-                    "heldout_reward": mean_reward(stage.model, chat, held, reward, g.max_new_tokens),
-                },
-            )
+            heldout(step + 1)
         bar.update(1)
         bar.set_postfix(reward=f"{stats['reward']:.2f}")
     bar.close()
-    after = mean_reward(stage.model, chat, held, reward, g.max_new_tokens)
-    log_record(stage, {"kind": "eval", "step": o.steps, "tokens": stage.tokens, "heldout_reward": after})
+    after = heldout(o.steps)
     quarter = max(1, len(curve) // 4)
     return finish(stage, o.steps, {
-        "heldout_reward_before": before, "heldout_reward_after": after,
+        "heldout_reward_before": before["heldout_reward"], "heldout_reward_after": after["heldout_reward"],
+        "heldout_sampled_reward_before": before["heldout_sampled_reward"],
+        "heldout_sampled_reward_after": after["heldout_sampled_reward"],
         "train_reward_first_quarter": sum(curve[:quarter]) / quarter,
         "train_reward_last_quarter": sum(curve[-quarter:]) / quarter, "reward": g.reward,
     })  # fmt: skip

@@ -1,0 +1,142 @@
+"""Post-training on the CPU, end to end, from a base model trained on the shared corpus
+(configs/posttrain/base.toml): chat SFT on synthetic addition and on GSM8K train, DPO on hh-rlhf
+harmless-base pairs, GRPO on addition with the exact-match reward.
+
+Figures (all on held-out items the stage never trained on):
+- addition exact match (chat, greedy) of the base and of the addition SFT;
+- GSM8K test exact match of the base (k-shot and chat) and of the GSM8K SFT (chat), and the SFT's
+  validation loss before and after;
+- hh-rlhf held-out preference accuracy (mean token log-prob of the chosen reply above the rejected
+  one's; DPO's implicit-reward accuracy) before and after DPO;
+- GRPO held-out mean reward (greedy) before and after, and the training reward of the first and last
+  quarter of its steps;
+- tokens/s of each stage (forward + backward tokens; for GRPO, the sampled rows too).
+
+Every stage goes through the smelt CLI. Usage:
+    python bench/posttrain.py [--runs DIR] [--base-tokens N] [--sft-steps N] [--dpo-steps N]
+                              [--grpo-steps N] [--eval-items N]
+Writes bench/results/posttrain.json (or --result NAME).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+from common import REPO, shared_data, write_result
+
+CONFIGS = REPO / "configs" / "posttrain"
+
+
+def smelt(*argv: str) -> None:
+    from smelt.cli import build_parser, main
+
+    if argv[0] == "posttrain" and "posttrain" not in build_parser()._subparsers._group_actions[0].choices:
+        # Until the command module is listed in smelt.cli, parse with the module's own parsers.
+        import argparse
+
+        from smelt.posttrain.commands import add_parsers
+
+        parser = argparse.ArgumentParser(prog="smelt")
+        add_parsers(parser.add_subparsers(dest="command"))
+        args = parser.parse_args(list(argv))
+        code = args.func(args)
+    else:
+        code = main(list(argv))
+    if code != 0:
+        raise SystemExit(f"smelt {' '.join(argv[:3])} ... exited {code}")
+
+
+def sets(*items: str) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def stage(name: str, runs: Path, parent: Path, out: Path, *overrides: str) -> dict:
+    smelt("posttrain", "run", str(CONFIGS / name), "--force",
+          *sets(f"run.init_from='{parent}'", f"run.out='{out}'", *overrides))  # fmt: skip
+    return json.loads((out / "summary.json").read_text())
+
+
+def evaluate(run: Path, data: Path, items: int, **kwargs) -> dict:
+    from smelt.posttrain.evaluate import evaluate_run
+
+    return evaluate_run(run, limit=items, max_new_tokens=kwargs.pop("max_new_tokens", 192), **kwargs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default="runs/bench-posttrain", help="where the runs go")
+    parser.add_argument("--base-tokens", type=int, default=400_000, help="base model training tokens")
+    parser.add_argument("--sft-steps", type=int, default=200)
+    parser.add_argument("--dpo-steps", type=int, default=100)
+    parser.add_argument("--grpo-steps", type=int, default=60)
+    parser.add_argument("--eval-items", type=int, default=100, help="held-out items per exact-match set")
+    parser.add_argument("--result", default="posttrain", help="bench/results/NAME.json")
+    args = parser.parse_args()
+    data = shared_data("corpus/prose", "posttrain/gsm8k/train.jsonl", "eval/gsm8k/test.jsonl")
+    os.environ.setdefault("SMELT_SHARED_DATA", str(data))
+    runs = Path(args.runs)
+    base, n = runs / "posttrain-base", args.eval_items
+    started = time.time()
+    load = os.getloadavg()
+
+    smelt("run", str(CONFIGS / "base.toml"), *sets(f"run.dir='{runs}'", f"train.tokens={args.base_tokens}"))
+    base_summary = json.loads((base / "summary.json").read_text())
+    gsm8k_test = data / "eval" / "gsm8k" / "test.jsonl"
+    gsm8k_train = data / "posttrain" / "gsm8k" / "train.jsonl"
+    base_eval = evaluate(base, data, n, gsm8k=gsm8k_test, few_shot=4, shots_from=gsm8k_train, addition=n)
+
+    sft_add = stage("sft_addition.toml", runs, base, runs / "sft-addition", f"optim.steps={args.sft_steps}")
+    add_eval = evaluate(runs / "sft-addition", data, n, addition=n)
+    sft_gsm = stage("sft_gsm8k.toml", runs, base, runs / "sft-gsm8k", f"optim.steps={args.sft_steps}")
+    gsm_eval = evaluate(runs / "sft-gsm8k", data, n, gsm8k=gsm8k_test)
+    dpo = stage("dpo_hh.toml", runs, runs / "sft-gsm8k", runs / "dpo", f"optim.steps={args.dpo_steps}")
+    grpo = stage("grpo_addition.toml", runs, runs / "sft-addition", runs / "grpo-addition",
+                 f"optim.steps={args.grpo_steps}", f"eval.items={n}")  # fmt: skip
+
+    before, after = dpo["heldout_before"], dpo["heldout_after"]
+    figures = {
+        "base_tokens": args.base_tokens,
+        "base_val_loss": base_summary.get("train", {}).get("final_val_loss")
+        if isinstance(base_summary.get("train"), dict)
+        else None,
+        "eval_items": n,
+        "addition_exact_match_base": base_eval["addition_chat"]["exact_match"],
+        "addition_exact_match_sft": add_eval["addition_chat"]["exact_match"],
+        "gsm8k_exact_match_base_4shot": base_eval["gsm8k_few_shot"]["exact_match"],
+        "gsm8k_exact_match_base_chat": base_eval["gsm8k_chat"]["exact_match"],
+        "gsm8k_exact_match_sft_chat": gsm_eval["gsm8k_chat"]["exact_match"],
+        "gsm8k_sft_val_loss_before": sft_gsm["val_loss_before"],
+        "gsm8k_sft_val_loss_after": sft_gsm["val_loss"],
+        "addition_sft_val_loss_before": sft_add["val_loss_before"],
+        "addition_sft_val_loss_after": sft_add["val_loss"],
+        "dpo_heldout_pairs": after.get("pairs"),
+        "dpo_logp_accuracy_before": before.get("logp_accuracy"),
+        "dpo_logp_accuracy_after": after.get("logp_accuracy"),
+        "dpo_reward_accuracy_before": before.get("reward_accuracy"),
+        "dpo_reward_accuracy_after": after.get("reward_accuracy"),
+        "dpo_first_loss": dpo["first_loss"],
+        "dpo_final_loss": dpo["final_loss"],
+        "grpo_heldout_reward_before": grpo["heldout_reward_before"],
+        "grpo_heldout_reward_after": grpo["heldout_reward_after"],
+        "grpo_train_reward_first_quarter": grpo["train_reward_first_quarter"],
+        "grpo_train_reward_last_quarter": grpo["train_reward_last_quarter"],
+        "sft_addition_tokens_per_s": sft_add["tokens_per_s"],
+        "sft_gsm8k_tokens_per_s": sft_gsm["tokens_per_s"],
+        "dpo_tokens_per_s": dpo["tokens_per_s"],
+        "grpo_tokens_per_s": grpo["tokens_per_s"],
+        "sft_steps": args.sft_steps,
+        "dpo_steps": args.dpo_steps,
+        "grpo_steps": args.grpo_steps,
+        "wall_time_s": round(time.time() - started, 1),
+        "load_average_1min_at_start": round(load[0], 2),
+        "load_average_1min_at_end": round(os.getloadavg()[0], 2),
+    }
+    write_result(args.result, figures)
+
+
+if __name__ == "__main__":
+    main()
