@@ -71,3 +71,14 @@ def test_over_long_items_are_left_out_of_both_sides(crosscheck, long_task, tiny_
     ours = crosscheck.smelt_scores(model, tokenizer, cut, 4)
     assert ours["items"] == 8 and len(ours["loglikelihoods"]) == 8
     assert all(len(lls) == 2 for lls in ours["loglikelihoods"])
+
+
+def test_without_lm_eval_nothing_is_compared_and_the_recorded_figures_stay(
+    crosscheck, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(crosscheck, "lm_eval_available", lambda: "lm_eval cannot be imported (absent)")
+    recorded = BENCH / "results" / "lm_eval_crosscheck.json"
+    before = recorded.read_bytes()
+    assert crosscheck.main([str(tmp_path)]) == 3
+    assert "EXTRAS=dev,eval-check" in capsys.readouterr().err
+    assert recorded.read_bytes() == before

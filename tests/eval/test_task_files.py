@@ -273,3 +273,26 @@ def test_text_sets_read_text_jsonl_and_parquet_folders(tmp_path):
     (tmp_path / "d.csv").write_text("x\n")
     with pytest.raises(UserError, match=r"d.csv: no text set to read there.*\.parquet"):
         read_text_set(tmp_path / "d.csv")
+
+
+def test_tasks_dir_pointed_at_other_files_rescores_under_the_same_name(run, tmp_path, counted):
+    root, cfg = run
+    evaluate_checkpoints(cfg, root, "2", tasks=["copa"])
+    other = tmp_path / "other_tasks"
+    shutil.copytree(cfg.eval.tasks_dir, other)
+    copa = other / "copa" / "mosaic_copa_validation.jsonl"
+    records = [json.loads(line) for line in copa.read_text().splitlines()][:5]
+    write_jsonl(copa, records)
+    cfg.eval.tasks_dir = str(other)
+    (result,) = evaluate_checkpoints(cfg, root, "2", tasks=["copa"])
+    assert counted["tasks"] == ["copa", "copa"] and result["tasks"]["copa"]["items"] == 5
+
+
+def test_window_bytes_follow_the_tokens_and_scale_when_they_do_not_add_up():
+    import numpy as np
+
+    from smelt.eval.text_sets import window_byte_ends
+
+    lengths = np.array([3, 0, 2, 2, 1, 4, 0])  # bytes of each predicted token (EOS: 0)
+    assert window_byte_ends(lengths, 3, 3, 12) == [5, 12, 12]  # 3 + 0 + 2, then + 2 + 1 + 4, then + 0
+    assert window_byte_ends(lengths, 3, 3, 24) == [10, 24, 24]  # text twice the tokens' bytes
