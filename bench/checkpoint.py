@@ -33,7 +33,7 @@ from common import write_result
 
 from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import load_training_state, model_optim_state
-from smelt.model.plan import preset_config as resolve_preset
+from smelt.model.sizing import preset_config as resolve_preset
 from smelt.model.transformer import Transformer
 from smelt.train.optim import param_groups
 
@@ -45,7 +45,7 @@ warnings.filterwarnings("ignore")
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from smelt.checkpoint.store import load_training_state
-from smelt.model.plan import preset_config as resolve_preset
+from smelt.model.sizing import preset_config as resolve_preset
 from smelt.model.transformer import Transformer
 from smelt.train.optim import param_groups
 dist.init_process_group("gloo")

@@ -20,7 +20,7 @@ from common import write_result
 
 from smelt.eval.harness import prepare, score_pairs
 from smelt.eval.tasks import get_spec, load_task, resolve_tasks_dir
-from smelt.model.plan import preset_config
+from smelt.model.sizing import preset_config
 from smelt.model.transformer import Transformer
 
 

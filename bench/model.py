@@ -27,7 +27,7 @@ from common import write_result
 
 from smelt.model.attention import flex_backward_supported
 from smelt.model.flops import count_params, flops_per_token
-from smelt.model.plan import preset_config
+from smelt.model.sizing import preset_config
 from smelt.model.transformer import Transformer, position_ids_from_doc_ids
 from smelt.train.precision import measure_cpu_matmul_flops
 

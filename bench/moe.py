@@ -122,7 +122,7 @@ def main() -> None:
     run = runs / "moe-data"
 
     from smelt.model.flops import count_params, flops_per_token
-    from smelt.model.plan import preset_config
+    from smelt.model.sizing import preset_config
 
     shape = {
         "d_model": args.d_model, "n_layers": args.layers, "n_heads": max(1, args.d_model // 32),

@@ -6,7 +6,7 @@ import torch
 from helpers import build_model, tiny_model_config
 from smelt.model.flops import count_params, flops_per_token
 from smelt.model.moe import MoE
-from smelt.model.plan import describe_preset, preset_config
+from smelt.model.sizing import describe_preset, preset_config
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ import torch
 from smelt.config.presets import MODEL_PRESETS
 from smelt.errors import UserError
 from smelt.model.flops import count_params, flops_per_token, resolved_d_ff
-from smelt.model.plan import describe_preset, kv_cache_bytes_per_token, preset_config
+from smelt.model.sizing import describe_preset, kv_cache_bytes_per_token, preset_config
 from smelt.model.transformer import Transformer
 
 VOCAB = 32_768

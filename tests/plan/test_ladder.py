@@ -14,7 +14,7 @@ import pytest
 from smelt.config import load_config
 from smelt.errors import UserError
 from smelt.model.flops import count_params
-from smelt.model.plan import preset_config
+from smelt.model.sizing import preset_config
 from smelt.plan import ladder as L
 
 SHAKESPEARE = "corpus/prose/tinyshakespeare/input.txt"

@@ -4,7 +4,7 @@ import pytest
 
 from smelt.config import ModelConfig
 from smelt.errors import UserError
-from smelt.model.plan import preset_config
+from smelt.model.sizing import preset_config
 from smelt.plan.memory import (
     GB,
     Cluster,

@@ -7,7 +7,7 @@ import pytest
 from smelt.config import TokensConfig
 from smelt.errors import UserError
 from smelt.tokenizer.load import Tokenizer
-from smelt.tokens.inspect import describe_window, token_frequencies
+from smelt.tokens.decoded import describe_window, token_frequencies
 from smelt.tokens.shards import ShardSet
 from smelt.tokens.tokenize import tokenize
 
@@ -46,7 +46,7 @@ def test_token_frequencies(tokenizer_dir):
 
 def test_describe_batch_decodes_the_step(tmp_path, documents, tokenizer_dir):
     from smelt.config import config_from_dict
-    from smelt.tokens.inspect import describe_batch
+    from smelt.tokens.decoded import describe_batch
     from smelt.tokens.loader import TokenLoader
 
     out = tmp_path / "tokens"

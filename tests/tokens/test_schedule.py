@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from smelt.tokens.schedule import Interleave, Q, permute, phase
+from smelt.tokens.order import Interleave, Q, permute, phase
 
 
 @pytest.mark.parametrize(

@@ -83,18 +83,18 @@ def _quality_train(args: argparse.Namespace) -> int:
 
 
 def _inspect_documents(args: argparse.Namespace) -> int:
-    from smelt.data import inspect
+    from smelt.data import review
 
     path = Path(args.documents)
     if args.kept:
-        text = inspect.kept(path, args.source, args.split, args.n, args.chars, args.seed)
+        text = review.kept(path, args.source, args.split, args.n, args.chars, args.seed)
     elif args.quarantined:
-        text = inspect.dropped_or_quarantined(
-            path, inspect.QUARANTINED, None, args.reason, args.source, args.n, args.chars
+        text = review.dropped_or_quarantined(
+            path, review.QUARANTINED, None, args.reason, args.source, args.n, args.chars
         )
     else:
-        text = inspect.dropped_or_quarantined(
-            path, inspect.DROPPED, args.dropped_by, args.reason, args.source, args.n, args.chars
+        text = review.dropped_or_quarantined(
+            path, review.DROPPED, args.dropped_by, args.reason, args.source, args.n, args.chars
         )
     print(text)
     return 0

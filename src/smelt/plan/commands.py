@@ -167,7 +167,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _model(args: argparse.Namespace) -> int:
-    from smelt.model.plan import describe_preset
+    from smelt.model.sizing import describe_preset
 
     print_table(describe_preset(args.preset, seq_len=args.seq_len, vocab_size=args.vocab_size))
     return 0
@@ -212,7 +212,7 @@ def _budget(args: argparse.Namespace) -> int:
         title += f" (serving {args.inference_tokens:.3g} tokens at 2N FLOPs each)"
     print(f"\n{title}:\n{options_table(plan)}")
     if args.preset:
-        from smelt.model.plan import preset_budget_rows
+        from smelt.model.sizing import preset_budget_rows
 
         print(f"\nwith the shape of model preset {args.preset}:")
         print_table(preset_budget_rows(args.preset, compute.flops))
@@ -225,7 +225,7 @@ def _budget(args: argparse.Namespace) -> int:
 def _model_shape(args: argparse.Namespace) -> tuple[Any, int]:
     """(ModelShape, default sequence length) from --preset, --config or --set model.* keys alone."""
     from smelt.config import load_config
-    from smelt.model.plan import DEFAULT_VOCAB
+    from smelt.model.sizing import DEFAULT_VOCAB
     from smelt.plan.memory import ModelShape
 
     overrides = list(args.overrides)

@@ -93,7 +93,7 @@ def step_rows(loader: Any, step: int) -> list[dict[str, Any]]:
     The same arithmetic as `TokenLoader.rows`: the schedule gives each row's source and run-wide
     sequence number, which is epoch n div N and window permute(n mod N) of that source.
     """
-    from smelt.tokens.schedule import permute
+    from smelt.tokens.order import permute
 
     source, number = loader.schedule(step)
     rows: list[dict[str, Any]] = [{} for _ in range(len(source))]
@@ -227,8 +227,8 @@ class ShardReader:
 
 def replay_rows(rows: list[dict[str, Any]], index: dict[str, Any], tokens_dir: Path) -> Any:
     """The packed batch (`smelt.tokens.packing.Batch`) of these data-order rows, read from the shards."""
+    from smelt.tokens.order import name_key
     from smelt.tokens.packing import Batch, apply_fim, pack
-    from smelt.tokens.schedule import name_key
 
     width = index["seq_len"] + 1
     reader = ShardReader(tokens_dir, index)
@@ -349,7 +349,7 @@ def inspect_batches(args: Any) -> int:
         print(describe_replay(order_dir, args.step, Path(tokens), release / "tokenizer", rows=args.rows))
         return 0
     from smelt.config import config_from_dict, load_config
-    from smelt.tokens.inspect import describe_batch
+    from smelt.tokens.decoded import describe_batch
 
     if target.is_dir():
         saved = target / "config.json"

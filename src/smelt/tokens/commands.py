@@ -60,7 +60,7 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 
 def _inspect_shards(args: argparse.Namespace) -> int:
-    from smelt.tokens.inspect import describe_window
+    from smelt.tokens.decoded import describe_window
 
     tokens = Path(args.tokens)
     tokenizer = Path(args.tokenizer) if args.tokenizer else tokens.parent / "tokenizer"

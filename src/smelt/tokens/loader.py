@@ -5,7 +5,7 @@ seq_len + 1 tokens, a pure function of (shards, [tokens] plan, seed, k):
 
 1. the data plan (`smelt.tokens.mixture`) says which stage step k is in and how many sequences each
    source gives that stage;
-2. the stage's interleave (`smelt.tokens.schedule.Interleave`) says which source fills each of the
+2. the stage's interleave (`smelt.tokens.order.Interleave`) says which source fills each of the
    B positions, keeping every window's realized mixture within a fraction of a point of the target;
 3. the source's n-th sequence of the run is window permute(n mod N, epoch = n div N) of that source
    (a seeded bijection per source and epoch: a global shuffle, no repeats within an epoch);
@@ -38,8 +38,8 @@ import torch
 from smelt.config import Config, TokensConfig
 from smelt.errors import ConfigError, UserError
 from smelt.tokens.mixture import DataPlan, Stage, build_plan
+from smelt.tokens.order import name_key, permute
 from smelt.tokens.packing import Batch, SourceStream, apply_fim, pack
-from smelt.tokens.schedule import name_key, permute
 from smelt.tokens.shards import ShardSet, list_sources
 
 STATE_VERSION = 2

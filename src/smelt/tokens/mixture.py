@@ -25,7 +25,7 @@ from typing import Any
 
 from smelt.config import StageConfig, TokensConfig
 from smelt.errors import ConfigError, UserError
-from smelt.tokens.schedule import Interleave, phase
+from smelt.tokens.order import Interleave, phase
 
 EPOCH_WARNING = 4.0  # beyond ~4 epochs repeated data is worth little (Muennighoff et al.)
 
