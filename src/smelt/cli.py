@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "smelt.tokens.commands",
     "smelt.train.commands",
     "smelt.checkpoint.commands",
+    "smelt.inspect_commands",
     "smelt.plan.commands",
     "smelt.report.commands",
     "smelt.eval.commands",

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from smelt.arguments import add_config_args, group
+from smelt.arguments import add_config_args
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -21,9 +21,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
     p.set_defaults(func=_curate)
 
-    looks = group(
-        subparsers, "inspect", "look inside artifacts", "Inspection commands.", "inspect_command", "WHAT"
-    )
+
+def add_inspect_parsers(looks: argparse._SubParsersAction) -> None:
+    """`smelt inspect documents` (smelt.inspect_commands gathers the verbs)."""
     p = looks.add_parser(
         "documents",
         help="read kept, dropped or quarantined documents with reasons and scores",

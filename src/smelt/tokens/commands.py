@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from smelt.arguments import add_config_args, group
+from smelt.arguments import add_config_args
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -18,9 +18,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
     p.set_defaults(func=_tokenize)
 
-    looks = group(
-        subparsers, "inspect", "look inside artifacts", "Inspection commands.", "inspect_command", "WHAT"
-    )
+
+def add_inspect_parsers(looks: argparse._SubParsersAction) -> None:
+    """`smelt inspect shards` and `smelt inspect batches` (smelt.inspect_commands gathers the verbs)."""
     p = looks.add_parser(
         "shards",
         help="decode a window of a token shard with document boundaries marked",
@@ -44,7 +44,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "directory or a pipeline TOML file, recomputed by the run's loader (mixture, curriculum, shuffle, packing).",
     )
     add_config_args(p, "a release directory, a run directory or a pipeline TOML file", force=False)
-    p.add_argument("--tokens", default=None, help="a release's token shards (default: its tokens/, else the run's)")
+    p.add_argument(
+        "--tokens", default=None, help="a release's token shards (default: its tokens/, else the run's)"
+    )
     p.add_argument("--step", type=int, required=True, help="optimizer step (1 is the first)")
     p.add_argument("--rows", type=int, default=8, help="rows of the global batch to show (0: all)")
     p.set_defaults(func=_inspect_batches)
