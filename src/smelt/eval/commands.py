@@ -61,12 +61,17 @@ def _eval(args: argparse.Namespace) -> int:
         return _eval_checkpoint(
             cfg, args.checkpoint, args.tasks, args.limit, args.force, args.data, args.data_field
         )
-    from smelt.eval.run import write_views
+    from smelt.eval.run import evaluate_checkpoints, write_views
     from smelt.pipeline import run_stage
 
     outcome = run_stage(cfg, "eval", force=args.force, check_upstream=True)
+    result = outcome.result
+    if outcome.skipped:
+        # The stage's manifest holds its config and upstream artifacts, not the content of the task
+        # and benchmark files: score what changed there (nothing, when nothing did).
+        (result,) = evaluate_checkpoints(cfg, cfg.run_dir, "latest")
     write_views(cfg.run_dir / "eval")
-    print_table(eval_rows(outcome.result))
+    print_table(eval_rows(result))
     return 0
 
 
