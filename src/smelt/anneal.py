@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from smelt import layout
 from smelt.config import load_config
 from smelt.errors import UserError
 from smelt.manifest import write_json
@@ -149,7 +150,7 @@ def _soup(
     soup_dir = parent.run_dir.parent / f"{parent.run_dir.name}-anneal-soup"
     ends = [latest_checkpoint(run / "train" / "checkpoints") for run in runs]
     step = int(read_meta(ends[0], verify=False)["step"])
-    target = soup_dir / "train" / "checkpoints" / f"step_{step:07d}"
+    target = layout.checkpoints_dir(soup_dir) / layout.step_dir_name(step)
     for stage in ("documents", "tokenizer", "tokens"):
         link = soup_dir / stage
         if not link.exists():

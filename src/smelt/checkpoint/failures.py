@@ -17,6 +17,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.distributed.checkpoint.api import CheckpointException
 
+from smelt.layout import step_dir_name
+
 # What a failing write raises: OSError from plain writes, RuntimeError from torch's serializer (a short
 # write), CheckpointException when DCP wraps a rank's error.
 SAVE_ERRORS = (OSError, RuntimeError, CheckpointException)
@@ -54,7 +56,7 @@ class CheckpointSaveError(RuntimeError):
         """The `checkpoint_failed` record for metrics.jsonl."""
         return {
             "kind": "event", "step": self.step, "tokens": tokens, "event": "checkpoint_failed",
-            "path": str(self.checkpoints_dir / f"step_{self.step:07d}"), "error": self.error,
+            "path": str(self.checkpoints_dir / step_dir_name(self.step)), "error": self.error,
             "disk_full": self.disk_full, "needed_mb": _mb(self.needed_bytes), "free_mb": _mb(self.free_bytes),
             "previous": self.previous.name if self.previous is not None else None, "message": str(self),
         }  # fmt: skip
