@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,11 +136,22 @@ def test_without_benchmark_files_only_heldout_is_scored(run, monkeypatch):
     import smelt.eval.tasks
 
     root, cfg = run
+    shared = Path(cfg.eval.tasks_dir)
     cfg.eval.tasks_dir = ""
     monkeypatch.setattr(smelt.eval.tasks, "find_tasks_dir", lambda: None)
     monkeypatch.setattr(smelt.eval.run, "find_tasks_dir", lambda: None)
     (result,) = evaluate_checkpoints(cfg, root, "2")
     assert result["tasks"] == {} and result["heldout"]["overall"]["bits_per_byte"] > 0
+    # A task named by its task file brings its own files along.
+    tasks = root.parent / "own"
+    (tasks / "copa").mkdir(parents=True)
+    shutil.copy(shared / "copa" / "mosaic_copa_validation.jsonl", tasks / "copa")
+    (tasks / "mine.toml").write_text(
+        'path = "copa/mosaic_copa_validation.jsonl"\nreader = "mosaic"\nformulation = "cloze"\n'
+    )
+    cfg.eval.tasks = ["copa", str(tasks / "mine.toml")]
+    (result,) = evaluate_checkpoints(cfg, root, "2")
+    assert set(result["tasks"]) == {"mine"} and result["tasks"]["mine"]["items"] == 12
 
 
 def test_cli_eval_all_with_tasks_and_limit(run, capsys):

@@ -46,10 +46,13 @@ __all__ = ["CURVES", "GALLERY", "evaluate_checkpoint", "evaluate_checkpoints", "
 
 def default_tasks(cfg: Config) -> list[str]:
     """eval.tasks, or none (with a note) when eval.tasks_dir is unset and no benchmark files are found
-    where it looks by default: held-out loss still works on a machine without the benchmark files."""
+    where it looks by default: held-out loss still works on a machine without the benchmark files.
+    Tasks given as task file paths are kept: their files are relative to the task file."""
     if cfg.eval.tasks and not cfg.eval.tasks_dir and find_tasks_dir() is None:
-        log("[eval] no benchmark files found (set eval.tasks_dir): scoring held-out loss only")
-        return []
+        own = [n for n in cfg.eval.tasks if n.endswith(".toml")]  # task files name their own files
+        if len(own) < len(cfg.eval.tasks):
+            log("[eval] no benchmark files found (set eval.tasks_dir): scoring held-out loss only")
+        return own
     return list(cfg.eval.tasks)
 
 
