@@ -61,6 +61,7 @@ def single(data, tmp_path, monkeypatch):  # noqa: F811 - pytest fixture injectio
     return losses(read_metrics(tmp_path / "single"))
 
 
+@pytest.mark.slow  # two training processes (gloo)
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_processes_match_one(single, data, tmp_path, parallel):  # noqa: F811
     tokens, tokenizer = data
@@ -98,6 +99,7 @@ def assert_same_tail(reference: list, resumed: list) -> None:
         assert abs(norm_a - norm_b) < 1e-4 * max(1.0, norm_a), (step_a, norm_a, norm_b)
 
 
+@pytest.mark.slow  # two training processes (gloo)
 def test_one_process_checkpoint_loads_into_two(single, data, tmp_path):  # noqa: F811
     tokens, tokenizer = data
     middle = tmp_path / "single" / "checkpoints" / "step_0000010"

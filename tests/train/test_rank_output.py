@@ -188,6 +188,7 @@ print(shown)
 """
 
 
+@pytest.mark.slow  # a subprocess (torchrun or a fresh interpreter)
 def test_a_single_process_async_save_warns_nothing(tmp_path):
     # DCP's "assuming the intent is to save in a single process" came on every save, from DCP's own
     # thread. A fresh interpreter, since pytest resets warning filters around each test.
@@ -265,6 +266,7 @@ def torchrun(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
     )  # fmt: skip
 
 
+@pytest.mark.slow  # a subprocess (torchrun or a fresh interpreter)
 def test_bad_input_under_torchrun_is_reported_once_before_torchrun_stops_the_ranks(tmp_path):
     # Rank 1 finds the problem as fast as rank 0; if it exited at once, torchrun would stop rank 0
     # before rank 0 had printed anything.
@@ -283,6 +285,7 @@ def rank_logs(log_dir: Path, rank: int) -> tuple[str, str]:
     return (folder / "stdout.log").read_text(), (folder / "stderr.log").read_text()
 
 
+@pytest.mark.slow  # a subprocess (torchrun or a fresh interpreter)
 def test_two_ranks_print_once_and_share_rank_0s_peak(tmp_path, monkeypatch):
     config = write_pipeline(tmp_path)
     for words in (["curate"], ["tokenizer", "train"], ["tokenize"]):

@@ -94,6 +94,7 @@ def single_process(data, tmp_path_factory) -> tuple[Path, list[dict]]:
     return out, run_one(*data, out)
 
 
+@pytest.mark.slow  # trains a model twice
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_same_run_twice_gives_the_same_bits(data, tmp_path, precision):
     tokens, tokenizer = data
@@ -122,6 +123,7 @@ def test_the_same_run_twice_gives_the_same_bits(data, tmp_path, precision):
     assert_same_tensors(final_weights(tmp_path / "a"), final_weights(tmp_path / "b"))
 
 
+@pytest.mark.slow  # trains a model twice
 def test_another_thread_count_gives_the_same_bits(data, tmp_path):
     tokens, tokenizer = data
     one = computed(run_one(tokens, tokenizer, tmp_path / "t1", threads=1, d_model=THREADS_D_MODEL))
@@ -131,6 +133,7 @@ def test_another_thread_count_gives_the_same_bits(data, tmp_path):
     assert_same_tensors(final_weights(tmp_path / "t1"), final_weights(tmp_path / "t2"))
 
 
+@pytest.mark.slow  # trains a model twice
 def test_two_ddp_processes_give_the_same_bits_as_one(data, single_process, tmp_path):
     tokens, tokenizer = data
     one, single = single_process
@@ -141,6 +144,7 @@ def test_two_ddp_processes_give_the_same_bits_as_one(data, single_process, tmp_p
     assert_same_tensors(final_weights(one), final_weights(tmp_path / "two"))
 
 
+@pytest.mark.slow  # trains a model twice
 def test_two_fsdp_processes_match_one_within_the_stated_tolerance(data, single_process, tmp_path):
     tokens, tokenizer = data
     single, _ = computed(single_process[1])
