@@ -33,7 +33,6 @@ LAYERS = [
 # when its import goes; the test fails on a new arrow and on an entry that no longer happens.
 KNOWN_ARROWS = {
     ("config", "model"): "config/__init__.py validates MoE keys with model.moe_config.check_moe",
-    ("model", "checkpoint"): "model/hf.py export_hf loads the checkpoint it converts",
     ("model", "posttrain"): "model/hf.py writes the chat template of posttrain/chat.py",
     ("train", "report"): "train/setup.py metric_sinks builds report/sinks.py's TensorBoard and W&B sinks",
 }

@@ -158,7 +158,7 @@ def test_verify_names_the_corrupt_file(tmp_path, capsys):
 
 
 def test_averaged_checkpoint_exports_to_hf(tmp_path):
-    from smelt.model.hf import export_hf
+    from smelt.checkpoint.export import export_hf
 
     _, checkpoints, _ = write_run(tmp_path, steps=(10, 20))
     out = tmp_path / "avg"

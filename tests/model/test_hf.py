@@ -156,8 +156,8 @@ def test_import_refuses_unsupported_configs(tmp_path):
 
 
 def test_export_hf_from_a_checkpoint(tmp_path):
+    from smelt.checkpoint.export import export_hf
     from smelt.checkpoint.store import save_checkpoint
-    from smelt.model.hf import export_hf
 
     model = build(qk_norm=True, tie_embeddings=False)
     opt = torch.optim.AdamW(model.parameters())

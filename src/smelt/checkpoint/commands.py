@@ -103,8 +103,8 @@ def _average(args: argparse.Namespace) -> int:
 
 
 def _export_hf(args: argparse.Namespace) -> int:
+    from smelt.checkpoint.export import export_hf
     from smelt.layout import checkpoints_dir, resolve_checkpoints
-    from smelt.model.hf import export_hf
     from smelt.summary import flat, print_table
 
     run = Path(args.run)

@@ -245,27 +245,6 @@ def export_model(
     return out_dir
 
 
-def export_hf(
-    checkpoint_dir: str | Path, tokenizer_dir: str | Path | None, out_dir: str | Path, dtype: str = "float32"
-) -> dict[str, Any]:
-    """`smelt export hf`: a checkpoint directory -> a folder `AutoModelForCausalLM` loads. Returns a summary."""
-    from smelt.checkpoint.store import load_model
-
-    choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in choices:
-        raise UserError(f"export dtype {dtype!r} is not one of {', '.join(choices)}.")
-    model, meta = load_model(Path(checkpoint_dir))
-    check_exportable(model.cfg)
-    out = export_model(model, out_dir, tokenizer_dir, choices[dtype])
-    return {
-        "path": str(out),
-        "architecture": hf_config(model.cfg, model.vocab_size, choices[dtype])["architectures"][0],
-        "step": meta.get("step"),
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "dtype": dtype,
-    }
-
-
 # ---------------------------------------------------------------------------------------------
 # Import
 
