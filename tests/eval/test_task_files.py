@@ -252,6 +252,8 @@ def test_data_scores_bits_per_byte_of_a_jsonl_set_next_to_gzip_and_xz(run, tmp_p
     assert figures["gzip_window_bits_per_byte"] > figures["gzip_bits_per_byte"]
     assert figures["xz_window_bits_per_byte"] > figures["xz_bits_per_byte"]
     assert "heldout" not in result and result["keys"]["data"]
+    curve = json.loads((root / "eval" / "curves.jsonl").read_text().splitlines()[-1])
+    assert curve["data_bits_per_byte"] == {str(data): figures["bits_per_byte"]}
     (again,) = evaluate_checkpoints(cfg, root, "2", tasks=[], data=[str(data)], heldout=False)
     assert "wall_time_s" not in again and again["data"] == result["data"]
 

@@ -146,6 +146,7 @@ def curve_record(result: dict[str, Any]) -> dict[str, Any]:
             name: {k: v for k, v in t.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             for name, t in result.get("tasks", {}).items()
         },
+        "data_bits_per_byte": {label: f.get("bits_per_byte") for label, f in result.get("data", {}).items()},
     }
 
 
