@@ -48,6 +48,7 @@ def fixed_peak(monkeypatch):
     monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
 
 
+@pytest.mark.slow  # two training processes (gloo)
 def test_two_expert_parallel_processes_match_one(tmp_path):
     tokens, tokenizer = write_token_data(tmp_path)
     single = tmp_path / "single"
