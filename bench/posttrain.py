@@ -13,8 +13,8 @@ Figures (all on held-out items the stage never trained on):
 - tokens/s of each stage (forward + backward tokens; for GRPO, the sampled rows too).
 
 Every stage goes through the smelt CLI. Usage:
-    python bench/posttrain.py [--runs DIR] [--base-tokens N] [--sft-steps N] [--dpo-steps N]
-                              [--grpo-steps N] [--eval-items N]
+    python bench/posttrain.py [--runs DIR] [--base-tokens N] [--sft-steps N] [--gsm8k-steps N] [--dpo-steps N]
+                              [--grpo-steps N] [--dpo-pairs N] [--eval-items N]
 Writes bench/results/posttrain.json (or --result NAME).
 """
 
@@ -70,9 +70,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default="runs/bench-posttrain", help="where the runs go")
     parser.add_argument("--base-tokens", type=int, default=400_000, help="base model training tokens")
-    parser.add_argument("--sft-steps", type=int, default=200)
+    parser.add_argument("--sft-steps", type=int, default=150, help="addition SFT steps")
+    parser.add_argument("--gsm8k-steps", type=int, default=40, help="GSM8K SFT steps")
     parser.add_argument("--dpo-steps", type=int, default=100)
     parser.add_argument("--grpo-steps", type=int, default=60)
+    parser.add_argument("--dpo-pairs", type=int, default=1200, help="hh-rlhf pairs read (256 held out)")
     parser.add_argument("--eval-items", type=int, default=100, help="held-out items per exact-match set")
     parser.add_argument("--result", default="posttrain", help="bench/results/NAME.json")
     args = parser.parse_args()
@@ -83,7 +85,12 @@ def main() -> None:
     started = time.time()
     load = os.getloadavg()
 
-    smelt("run", str(CONFIGS / "base.toml"), *sets(f"run.dir='{runs}'", f"train.tokens={args.base_tokens}"))
+    smelt(
+        "run",
+        str(CONFIGS / "base.toml"),
+        "--restart",
+        *sets(f"run.dir='{runs}'", f"train.tokens={args.base_tokens}"),
+    )
     base_summary = json.loads((base / "summary.json").read_text())
     gsm8k_test = data / "eval" / "gsm8k" / "test.jsonl"
     gsm8k_train = data / "posttrain" / "gsm8k" / "train.jsonl"
@@ -91,9 +98,17 @@ def main() -> None:
 
     sft_add = stage("sft_addition.toml", runs, base, runs / "sft-addition", f"optim.steps={args.sft_steps}")
     add_eval = evaluate(runs / "sft-addition", data, n, addition=n)
-    sft_gsm = stage("sft_gsm8k.toml", runs, base, runs / "sft-gsm8k", f"optim.steps={args.sft_steps}")
+    sft_gsm = stage("sft_gsm8k.toml", runs, base, runs / "sft-gsm8k", f"optim.steps={args.gsm8k_steps}")
     gsm_eval = evaluate(runs / "sft-gsm8k", data, n, gsm8k=gsm8k_test)
-    dpo = stage("dpo_hh.toml", runs, runs / "sft-gsm8k", runs / "dpo", f"optim.steps={args.dpo_steps}")
+    dpo = stage(
+        "dpo_hh.toml",
+        runs,
+        runs / "sft-gsm8k",
+        runs / "dpo",
+        f"optim.steps={args.dpo_steps}",
+        f"data.limit={args.dpo_pairs}",
+        f"data.heldout={min(256, args.dpo_pairs // 4)}",
+    )
     grpo = stage("grpo_addition.toml", runs, runs / "sft-addition", runs / "grpo-addition",
                  f"optim.steps={args.grpo_steps}", f"eval.items={n}")  # fmt: skip
 
@@ -128,7 +143,8 @@ def main() -> None:
         "sft_gsm8k_tokens_per_s": sft_gsm["tokens_per_s"],
         "dpo_tokens_per_s": dpo["tokens_per_s"],
         "grpo_tokens_per_s": grpo["tokens_per_s"],
-        "sft_steps": args.sft_steps,
+        "sft_addition_steps": args.sft_steps,
+        "sft_gsm8k_steps": args.gsm8k_steps,
         "dpo_steps": args.dpo_steps,
         "grpo_steps": args.grpo_steps,
         "wall_time_s": round(time.time() - started, 1),

@@ -53,8 +53,12 @@ def _parse(argv):
 
 
 def test_run_without_a_parent_is_a_user_error(tmp_path):
-    args = _parse(["posttrain", "run", str(CONFIGS[0]), "--set", "run.init_from=''"])
+    sft = CONFIGS[0].parent / "sft_gsm8k.toml"
+    args = _parse(["posttrain", "run", str(sft), "--set", "run.init_from=''"])
     with pytest.raises(UserError, match=r"run.init_from is empty: name the checkpoint"):
+        args.func(args)
+    args = _parse(["posttrain", "run", str(CONFIGS[0].parent / "base.toml")])
+    with pytest.raises(UserError, match=r"base.toml is a pipeline config .* run it with `smelt run`"):
         args.func(args)
 
 

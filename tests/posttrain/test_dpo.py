@@ -60,6 +60,8 @@ def test_dpo_stage_starts_at_ln2_caches_the_reference_and_learns_the_preference(
     train = [r for r in records if r["kind"] == "train"]
     assert {"logp_chosen", "logp_rejected", "reward_margin", "reward_accuracy"} <= set(train[-1])
     assert (out / "train" / dpo.REFERENCE_FILE).is_file()
+    report = (out / "posttrain_report.html").read_text()
+    assert "logp_chosen" in report and "logp_rejected" in report and "heldout_reward_accuracy" in report
 
     # A rerun over the same parent and pairs reads the cached reference instead of computing it.
     def no_recompute(*args, **kwargs):

@@ -123,6 +123,12 @@ def load_posttrain_config(
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"post-training config {origin!r} is not valid TOML: {exc}.") from exc
+    if "stage" not in raw and any(key in raw for key in ("model", "train", "tokenizer", "tokens")):
+        raise ConfigError(
+            f"{origin} is a pipeline config (it has [model] or [train]); run it with `smelt run`. A "
+            f'post-training config names its stage (stage = "sft", "dpo" or "grpo"), as in '
+            f"configs/posttrain/sft_gsm8k.toml."
+        )
     for item in overrides:
         if "=" in item and "." not in item.split("=", 1)[0]:  # a top-level key: stage=dpo
             key, text = item.split("=", 1)

@@ -228,6 +228,10 @@ def finish(stage: Stage, step: int, summary: dict[str, Any]) -> dict[str, Any]:
                        "wall_time_s": out["wall_time_s"]})  # fmt: skip
     if stage.metrics is not None:
         stage.metrics.close()
+    from smelt.posttrain.report import write_report
+
+    out["report"] = str(write_report(stage.out_dir))
+    write_json(stage.out_dir / "summary.json", out)
     return out
 
 
