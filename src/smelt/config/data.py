@@ -279,7 +279,8 @@ class DataConfig:
         3, range=(0, 100), help="executor ray: times a task whose worker or node died is run again"
     )
     url_cache: str = option(
-        "", help="where sources with a remote root URL (s3://, gs://, ...) are mirrored (empty: ~/.cache/smelt/urls)"
+        "",
+        help="where sources with a remote root URL (s3://, gs://, ...) are mirrored (empty: ~/.cache/smelt/urls)",
     )
     shard_bytes: int = option(
         64_000_000, range=(1_000, 10**12), help="input bytes per work shard (large files split by records)"
