@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "smelt.plan.commands",
     "smelt.report.commands",
     "smelt.eval.commands",
+    "smelt.posttrain.commands",
     "smelt.release.commands",
 )
 RANK_0_GRACE_S = 10.0  # how long other ranks wait for rank 0 to report bad input (see _wait_for_rank_0)
