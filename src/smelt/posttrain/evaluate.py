@@ -195,8 +195,6 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Score one checkpoint of a run: GSM8K exact match (chat, and k-shot when few_shot > 0), addition
     exact match, preference accuracy and the gallery; written to RUN/posttrain_eval/step_NNNNNNN.json."""
-    import json
-
     from smelt.checkpoint.store import latest_checkpoint, load_model, step_dir_name
     from smelt.errors import UserError
     from smelt.manifest import write_json
@@ -237,5 +235,4 @@ def evaluate_run(
     out.parent.mkdir(parents=True, exist_ok=True)
     write_json(out, result)
     result["path"] = str(out)
-    json.dumps(result)  # every figure is JSON
     return result
