@@ -16,9 +16,9 @@ CELL_W, CELL_H, LEFT, TOP = 14, 14, 64, 28
 
 
 def _color(share: float, uniform: float) -> str:
-    """White at no load, the house blue at the uniform share, dark red at 3x it and beyond."""
-    t = max(0.0, min(share / (3 * uniform), 1.0)) if uniform > 0 else 0.0
-    stops = ((0.0, (255, 255, 255)), (1 / 3, (76, 114, 176)), (1.0, (139, 0, 0)))
+    """White at no load, the house blue at the uniform share, dark red at twice it and beyond."""
+    t = max(0.0, min(share / (2 * uniform), 1.0)) if uniform > 0 else 0.0
+    stops = ((0.0, (255, 255, 255)), (0.5, (76, 114, 176)), (1.0, (139, 0, 0)))
     for (t0, c0), (t1, c1) in zip(stops, stops[1:], strict=False):
         if t <= t1:
             f = (t - t0) / (t1 - t0)
@@ -31,7 +31,8 @@ def load_heatmap_svg(layers: list[int], shares: list[list[float]], title: str) -
     n_experts = max(len(r) for r in shares)
     uniform = 1.0 / n_experts
     cell_w = max(4, min(CELL_W, 800 // n_experts))
-    width, height = LEFT + cell_w * n_experts + 20, TOP + CELL_H * len(layers) + 36
+    # Wide enough for the title and the legend line, however few the experts.
+    width, height = max(LEFT + cell_w * n_experts + 20, 620), TOP + CELL_H * len(layers) + 36
     parts = [
         f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img">',
         f'<text x="{LEFT}" y="16" font-size="13">{html.escape(title)}</text>',
@@ -51,7 +52,7 @@ def load_heatmap_svg(layers: list[int], shares: list[list[float]], title: str) -
     y = TOP + CELL_H * len(layers) + 14
     parts.append(
         f'<text x="{LEFT}" y="{y}" font-size="11">expert 0 .. {n_experts - 1}; white: no tokens, blue: the '
-        f"uniform share 1/{n_experts}, dark red: 3x uniform or more</text>"
+        f"uniform share 1/{n_experts}, dark red: twice uniform or more</text>"
     )
     parts.append("</svg>")
     return "".join(parts)
