@@ -204,3 +204,14 @@ def test_config_errors_name_the_key(tmp_path):
     path.write_text("[model]\nn_layers = 2\nmoe_experts = 4\nmoe_first_dense = 2\n")
     with pytest.raises(ConfigError, match="leaves no MoE layer"):
         load_config(path)
+
+
+def test_kv_cache_generation_equals_full_recompute():
+    """Routing is per token, so decoding one token at a time picks the experts a full forward picks."""
+    from smelt.model.generate import generate
+
+    model = build_model(moe_config(moe_shared_experts=1)).eval()
+    prompt = [5, 17, 42, 7, 99]
+    cached = generate(model, prompt, 12, temperature=0.0, use_cache=True)
+    full = generate(model, prompt, 12, temperature=0.0, use_cache=False)
+    assert cached == full and len(cached) == len(prompt) + 12
