@@ -13,7 +13,7 @@ import torch
 from helpers import write_token_data
 from smelt.checkpoint import latest_checkpoint, load_model
 from smelt.config import config_from_dict
-from smelt.errors import UserError
+from smelt.errors import ConfigError, UserError
 from smelt.model.moe_parallel import setup_expert_parallel
 from smelt.model.transformer import Transformer
 from smelt.train.trainer import train
@@ -86,13 +86,21 @@ def test_two_expert_parallel_processes_match_one(tmp_path):
 
 
 def test_expert_parallel_settings_that_cannot_work_are_named():
-    cfg = config_from_dict(raw_config(expert_parallel=2))
-    model = Transformer(cfg.model, 384)
+    # When the config loads: what no launch could run.
     with pytest.raises(
-        UserError,
-        match=r"train.expert_parallel = 2 cannot be used: it must equal the number of processes \(1\)",
+        ConfigError, match=r"train.expert_parallel = 2 composes with FSDP2: set train.parallel = 'fsdp'"
     ):
+        config_from_dict(raw_config(expert_parallel=2))
+    with pytest.raises(
+        ConfigError, match=r"model.moe_experts \(4\) must be a multiple of train.expert_parallel \(3\)"
+    ):
+        config_from_dict(raw_config(expert_parallel=3, parallel="fsdp"))
+    dense = raw_config(expert_parallel=2, parallel="fsdp")
+    dense["model"]["moe_experts"] = 0
+    with pytest.raises(ConfigError, match=r"needs experts to split, but model.moe_experts = 0"):
+        config_from_dict(dense)
+    # When training starts: the launch itself.
+    cfg = config_from_dict(raw_config(expert_parallel=2, parallel="fsdp"))
+    model = Transformer(cfg.model, 384)
+    with pytest.raises(UserError, match=r"it must equal the number of processes \(1\); launch with torchrun"):
         setup_expert_parallel(model, cfg, 1, torch.device("cpu"))
-    cfg = config_from_dict({**raw_config(expert_parallel=3, parallel="fsdp")})
-    with pytest.raises(UserError, match=r"model.moe_experts \(4\) is not a multiple of it"):
-        setup_expert_parallel(model, cfg, 3, torch.device("cpu"))

@@ -44,7 +44,7 @@ from smelt.config.env import expand_env
 from smelt.config.fields import option
 from smelt.config.presets import MODEL_PRESETS
 from smelt.errors import ConfigError
-from smelt.model.moe_config import check_moe
+from smelt.model.moe_config import check_expert_parallel, check_moe
 
 
 @dataclass
@@ -568,6 +568,7 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
         raise ConfigError(f"{origin}: the head dimension d_model / n_heads must be even for RoPE.")
     _check_rope_scaling(m, origin)
     check_moe(m, origin)
+    check_expert_parallel(m, cfg.train.expert_parallel, cfg.train.parallel, origin)
     if cfg.train.seq_len > m.max_seq_len:
         raise ConfigError(
             f"{origin}: train.seq_len ({cfg.train.seq_len}) exceeds model.max_seq_len ({m.max_seq_len}); "

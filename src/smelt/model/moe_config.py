@@ -45,3 +45,27 @@ def check_moe(cfg: ModelConfig, origin: str) -> None:
             f"{origin}: model.moe_capacity_factor = {cfg.moe_capacity_factor:g} would drop tokens even when "
             f"the load is perfectly even; use 0 (dropless) or a value >= 1 (1.25 is common)."
         )
+
+
+def check_expert_parallel(cfg: ModelConfig, expert_parallel: int, parallel: str, origin: str) -> None:
+    """ConfigError for train.expert_parallel settings no world size can run (the world size itself is
+    checked when training starts, by moe_parallel.setup_expert_parallel)."""
+    from smelt.errors import ConfigError
+
+    if expert_parallel == 1:
+        return
+    if not cfg.moe_experts:
+        raise ConfigError(
+            f"{origin}: train.expert_parallel = {expert_parallel} needs experts to split, but model.moe_experts = 0. "
+            f"Set model.moe_experts, or train.expert_parallel = 1."
+        )
+    if cfg.moe_experts % expert_parallel:
+        raise ConfigError(
+            f"{origin}: model.moe_experts ({cfg.moe_experts}) must be a multiple of train.expert_parallel "
+            f"({expert_parallel}): each process holds the same number of experts."
+        )
+    if parallel != "fsdp":
+        raise ConfigError(
+            f"{origin}: train.expert_parallel = {expert_parallel} composes with FSDP2: set train.parallel = 'fsdp' "
+            f"(it is {parallel!r})."
+        )
