@@ -250,6 +250,12 @@ class TrainConfig:
     expert_parallel: int = option(
         1, range=(1, 4096), help="MoE experts split over this many processes (1: off; else the world size, fsdp)"
     )
+    tensor_parallel: int = option(
+        1, range=(1, 1024), help='tensor-parallel degree, the "tp" mesh dimension (1: off)'
+    )
+    data_parallel: int = option(
+        0, range=(0, 10**6), help="data-parallel degree (0: every process left, world / tensor_parallel)"
+    )
     schedule: str = option(
         "cosine",
         choices=("cosine", "wsd", "constant", "multistep"),

@@ -107,9 +107,11 @@ class Attention(nn.Module):
         """rope None: a NoPE layer. mask None: plain causal attention (or a single decode step);
         else the forward's document mask, a dense boolean tensor or a flex BlockMask."""
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # Heads counted from the projections (-1), not the config: under tensor parallelism each
+        # rank's wq/wk/wv produce only its own n_heads / T and n_kv_heads / T heads.
+        q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -122,7 +124,7 @@ class Attention(nn.Module):
                 causal = False
             k, v = cache.update(layer, k, v)
         y = attend(q, k, v, mask, causal, enable_gqa=self.n_kv_heads != self.n_heads)
-        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):

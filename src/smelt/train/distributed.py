@@ -20,12 +20,16 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from smelt.errors import ConfigError
+
+if TYPE_CHECKING:
+    from smelt.train.mesh import TrainMesh
 
 MODES = ("ddp", "fsdp")
 
@@ -108,16 +112,24 @@ def rank_seed(seed: int, rank: int, purpose: str) -> int:
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
-def wrap_model(model: nn.Module, mode: str, ctx: DistContext, device: torch.device) -> nn.Module:
+def wrap_model(
+    model: nn.Module, mode: str, ctx: DistContext, device: torch.device, mesh: TrainMesh | None = None
+) -> nn.Module:
     """DDP or FSDP2 around `model` for a multi-process run; the model itself for a single process.
 
     FSDP2 shards each transformer block as its own unit and the rest (embedding, final norm and the
-    head, which may be tied to the embedding and must then live in one unit) at the root.
+    head, which may be tied to the embedding and must then live in one unit) at the root. A `mesh`
+    with a "tp" dimension > 1 shards the model over it first (tensor_parallel.py) and FSDP2 then
+    runs on the data-parallel sub-mesh.
     """
     if mode not in MODES:
         raise ConfigError(f"train.parallel = {mode!r} is not one of {', '.join(MODES)}.")
     if not ctx.distributed:
         return model
+    if mesh is not None and mesh.tensor_parallel:
+        from smelt.train.tensor_parallel import wrap_tensor_parallel
+
+        return wrap_tensor_parallel(model, mesh)
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -153,10 +165,10 @@ def grad_sync(model: nn.Module, mode: str, sync: bool) -> Iterator[None]:
     yield
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum across ranks in place (identity for a single process); returns the tensor."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """Sum across the ranks of `group` (default: all) in place (identity for one process); returns it."""
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
     return tensor
 
 
@@ -165,18 +177,56 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return grad.to_local() if hasattr(grad, "to_local") else grad
 
 
+def _copies(grad: torch.Tensor, world_size: int) -> int:
+    """On how many ranks each element of `grad` lives: a DTensor is split over its mesh's Shard
+    dimensions and repeated over the rest (tensor-parallel norms are replicated over "tp", say);
+    a plain tensor is on every rank."""
+    if not hasattr(grad, "placements"):
+        return world_size
+    shards = math.prod(grad.device_mesh.size(i) for i, p in enumerate(grad.placements) if p.is_shard())
+    return world_size // shards
+
+
+def reduce_partial_grads_(params: Iterable[nn.Parameter]) -> None:
+    """Sum, in place, the gradients DTensor left as per-rank partial sums.
+
+    Under sequence parallelism a replicated weight (an RMSNorm's) sees only its rank's rows, and
+    DTensor defers the sum over "tp" (a Partial placement) until something needs the value; the norm
+    and the clip need it now, so each such gradient becomes Replicate here, once.
+    """
+    for p in params:
+        grad = p.grad
+        if grad is not None and any(pl.is_partial() for pl in getattr(grad, "placements", ())):
+            from torch.distributed.tensor import Replicate
+
+            p.grad = grad.redistribute(
+                grad.device_mesh, [Replicate() if pl.is_partial() else pl for pl in grad.placements]
+            )
+
+
 def global_grad_norm(params: Iterable[nn.Parameter], sharded: bool) -> torch.Tensor:
     """The L2 norm of all gradients together, in fp32, identical on every rank.
 
     Replicated gradients (single process, DDP after its all-reduce) are summed locally; sharded ones
-    (FSDP2) are summed per shard and then across ranks, so the norm is the full model's.
+    (FSDP2, tensor parallelism) are summed per shard and then across ranks, so the norm is the full
+    model's, each element counted once however many ranks hold it (partial sums are summed first).
     """
-    grads = [_local(p.grad) for p in params if p.grad is not None]
+    params = list(params)
+    if sharded:
+        reduce_partial_grads_(params)
+    grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(())
     # vector_norm reduces each tensor in one pass for any thread count; a sum over more than 32,768
     # elements is split into per-thread partial sums, which made the clip depend on train.threads.
-    squares = torch.stack([torch.linalg.vector_norm(g.detach().float()) for g in grads]).pow(2).sum()
+    norms = [torch.linalg.vector_norm(_local(g).detach().float()) for g in grads]
+    if sharded and dist.is_initialized():
+        # Summed over every rank, an element held by k ranks would count k times: divide by k.
+        world = dist.get_world_size()
+        copies = [_copies(g, world) for g in grads]
+        if any(k != 1 for k in copies):
+            norms = [n / math.sqrt(k) for n, k in zip(norms, copies, strict=True)]
+    squares = torch.stack(norms).pow(2).sum()
     if sharded:
         all_reduce_sum(squares)
     return squares.sqrt()

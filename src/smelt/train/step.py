@@ -14,6 +14,7 @@ same updates" live in one short function:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -36,16 +37,20 @@ def forward_backward(
     doc_masking: bool,
     device: torch.device,
     sources: Sequence[str] = (),
+    group: Any = None,
+    loss_context: Callable[[], AbstractContextManager] = nullcontext,
 ) -> tuple[torch.Tensor, int, torch.Tensor | None]:
     """Accumulate the step's gradients.
 
     Returns (the global token-mean cross-entropy, global tokens, per-source [cross-entropy sum, tokens]
     rows in the order of `sources`, summed over ranks; None unless `sources` names two or more).
+    `group`: the data-parallel ranks the sums run over (default all; tensor-parallel ranks share a batch).
+    `loss_context`: entered around each micro step's forward and backward (TP's loss_parallel).
     """
     row_tokens = [(m.targets != IGNORE_INDEX).sum(dim=1) for m in micro]  # on the host: no device sync
     counts = [int(rows.sum()) for rows in row_tokens]
     total = torch.tensor(float(sum(counts)), dtype=torch.float64)
-    global_tokens = max(1, int(all_reduce_sum(total).item()))
+    global_tokens = max(1, int(all_reduce_sum(total, group).item()))
     ce_sum = torch.zeros((), device=device, dtype=torch.float32)
     by_source = (
         torch.zeros((len(sources), 2), device=device, dtype=torch.float64) if len(sources) > 1 else None
@@ -55,7 +60,7 @@ def forward_backward(
         batch = m.to(device, non_blocking=True)
         docs = {"doc_ids": batch.doc_ids, "position_ids": batch.position_ids} if doc_masking else {}
         weight = counts[i] / global_tokens
-        with grad_sync(model, mode, sync=i == len(micro) - 1):
+        with grad_sync(model, mode, sync=i == len(micro) - 1), loss_context():
             with precision.autocast():
                 reduction = "none" if by_source is not None else "mean"
                 _, parts = forward(batch.inputs, batch.targets, loss_parts=True, reduction=reduction, **docs)
@@ -71,9 +76,9 @@ def forward_backward(
             ce_sum += parts["ce"].detach().float() * weight
             (scaler.scale(loss) if scaler is not None else loss).backward()
     return (
-        all_reduce_sum(ce_sum),
+        all_reduce_sum(ce_sum, group),
         global_tokens,
-        (all_reduce_sum(by_source) if by_source is not None else None),
+        (all_reduce_sum(by_source, group) if by_source is not None else None),
     )
 
 

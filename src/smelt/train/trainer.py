@@ -57,6 +57,7 @@ from smelt.train.distributed import (
     wrap_model,
 )
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
+from smelt.train.mesh import mesh_for
 from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
@@ -180,8 +181,9 @@ class Trainer:
         cfg, tc, ctx, device = self.cfg, self.tc, self.ctx, self.device
         tokens_dir, tokenizer_dir = self.tokens_dir, self.tokenizer_dir
         self.rank, self.world_size = ctx.rank, ctx.world_size
-        self.sharded = ctx.distributed and tc.parallel == "fsdp"
-        self.plan = plan = batch_plan(tc, self.world_size)
+        self.mesh = mesh_for(cfg, ctx.rank, ctx.world_size, device)  # TP ranks share rows: train/mesh.py
+        self.sharded = ctx.distributed and (tc.parallel == "fsdp" or self.mesh.tensor_parallel)
+        self.plan = plan = batch_plan(tc, self.mesh.layout.dp)
         self.precision = resolve_precision(tc.precision, device)
         torch.set_num_threads(tc.threads or os.cpu_count() or 1)
         self.vocab_size = vocab_size = read_vocab_size(tokenizer_dir)
@@ -200,15 +202,13 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         self.model = model = Transformer(cfg.model, vocab_size).to(device)
         torch.manual_seed(rank_seed(cfg.run.seed, self.rank, "train"))
-        setup_expert_parallel(
-            model, cfg, self.world_size, device
-        )  # MoE experts split over processes (or no-op)
-        self.wrapped = wrap_model(model, tc.parallel, ctx, device)
+        setup_expert_parallel(model, cfg, self.world_size, device)  # MoE experts over processes (or no-op)
+        self.wrapped = wrap_model(model, tc.parallel, ctx, device, self.mesh)
         self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
         self.optimizer = build_optimizer(model, tc, device)
         self.scaler = self.precision.grad_scaler()
         self.loader = TokenLoader.from_config(
-            cfg, tokens_dir, tokenizer_dir, self.rank, self.world_size, plan=plan
+            cfg, tokens_dir, tokenizer_dir, self.mesh.data_rank, self.mesh.layout.dp, plan=plan
         )
         self.data_plan = data_plan = self.loader.plan
         self.mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
@@ -330,8 +330,8 @@ class Trainer:
         micro = [m for part in parts for m in part.micro] if len(parts) > 1 else parts[-1].micro
         loss_t, _, source_sums = forward_backward(
             self.wrapped, self.forward, micro, precision=self.precision, scaler=self.scaler, mode=tc.parallel,
-            world_size=self.world_size, doc_masking=tc.doc_masking, device=self.device,
-            sources=self.window.sources,
+            world_size=self.mesh.layout.dp, doc_masking=tc.doc_masking, device=self.device,
+            sources=self.window.sources, group=self.mesh.data_group, loss_context=self.mesh.loss_context,
         )  # fmt: skip
         self.window.add_sources(source_sums)
         norm_t = finish_grads(self.model, self.optimizer, self.scaler, tc.grad_clip, self.sharded)
