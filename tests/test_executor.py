@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -69,3 +70,37 @@ def test_where_tasks_run_is_not_part_of_the_curate_stage_key(tmp_path):
     on_ray = load_config(path, ["data.executor=ray", "data.ray_address=auto", "data.url_cache=/tmp/c"])
     assert _stage_config(on_ray, "curate") == base  # a run resumes or stays up to date across them
     assert _stage_config(load_config(path, ["data.min_chars=5"]), "curate") != base
+
+
+class _FakeRay:
+    """Just enough of ray for RayExecutor's start and close: init installs a SIGTERM handler, as Ray does."""
+
+    def __init__(self) -> None:
+        self.up = False
+
+    def is_initialized(self) -> bool:
+        return self.up
+
+    def init(self, **options) -> None:
+        self.up = True
+        signal.signal(signal.SIGTERM, lambda *_: None)
+
+    def cluster_resources(self) -> dict:
+        return {"CPU": 2}
+
+    def remote(self, fn):
+        return type("Remote", (), {"options": lambda self, **kw: self})()
+
+    def shutdown(self) -> None:
+        self.up = False
+
+
+def test_ray_executor_puts_the_drivers_signal_handlers_back(monkeypatch):
+    import smelt.executors as executors
+
+    monkeypatch.setattr(executors, "_import_ray", lambda key: _FakeRay())
+    before = signal.getsignal(signal.SIGTERM)
+    executor = executors.RayExecutor(2)
+    assert signal.getsignal(signal.SIGTERM) is not before  # ray.init replaced it
+    executor.close()
+    assert signal.getsignal(signal.SIGTERM) is before

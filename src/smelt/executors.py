@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -189,6 +190,9 @@ class RayExecutor(TaskExecutor):
     ):
         ray = self._ray = _import_ray(key)
         self._started = False
+        # ray.init installs its own SIGTERM/SIGINT handlers in this process; they are put back on close,
+        # so a supervisor's or the trainer's handlers installed later in the same process still work.
+        self._handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
         if not ray.is_initialized():
             # "local" starts a Ray of its own even where `ray start` left a cluster running
             options: dict[str, Any] = {"include_dashboard": False, "address": address or "local"}
@@ -232,6 +236,8 @@ class RayExecutor(TaskExecutor):
         if self._started:
             self._ray.shutdown()
             self._started = False
+            for sig, handler in self._handlers.items():
+                signal.signal(sig, handler)
 
 
 def make_executor(

@@ -87,9 +87,12 @@ def pool_run(shared_data, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local_ray(pool_run):
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster left running here
     yield ray
     ray.shutdown()
+    for sig, handler in handlers.items():  # ray.init replaced them; later tests check the defaults
+        signal.signal(sig, handler)
 
 
 def test_ray_curate_is_byte_identical_to_the_pool(
