@@ -122,11 +122,12 @@ def test_tp2_matches_one_process_and_its_checkpoints_change_layout(single, data,
 
 
 @pytest.mark.slow  # four training processes (gloo)
-def test_fsdp2_x_tp2_on_four_processes_matches_one(single, data, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("parallel", ["fsdp", "ddp"])  # FSDP2 x TP2; 2 replicas x TP2 (HSDP, shards of one)
+def test_data_parallel_x_tp2_on_four_processes_matches_one(single, data, tmp_path, parallel):  # noqa: F811
     tokens, tokenizer = data
     single_out, reference = single
-    out = tmp_path / "fsdp-tp2"
-    lines = run_processes(4, raw_config("fsdp", tensor_parallel=2), tokens, tokenizer, out)
+    out = tmp_path / f"{parallel}-tp2"
+    lines = run_processes(4, raw_config(parallel, tensor_parallel=2), tokens, tokenizer, out)
     start = next(r for r in lines if r.get("event") == "start")
     assert start["world_size"] == 4 and start["grad_accum"] == 1  # two data-parallel ranks
     assert len(losses(lines)) == STEPS
