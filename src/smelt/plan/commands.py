@@ -252,6 +252,8 @@ def _memory(args: argparse.Namespace) -> int:
         memory_rows,
         model_state_bytes,
         recommend,
+        train_keys,
+        train_keys_toml,
     )
 
     shape, default_seq = _model_shape(args)
@@ -302,6 +304,10 @@ def _memory(args: argparse.Namespace) -> int:
             print(f"  - {reason}")
         print(f"\nlayouts of {args.gpus} GPUs at micro batch 1 ({rec.budget_gb:.0f} GB usable per GPU):")
         print(alternatives_table(rec))
+        toml = train_keys_toml(layout, batch)
+        print(f"\nthe layout as config keys (`smelt train --check` checks them):\n{toml}")
+        for missing in train_keys(layout, batch)[1]:
+            print(f"\nnot built: {missing}")
         for warning in rec.warnings:
             print(f"\nwarning: {warning}")
         _write_json(args.json_out, {"model": shape.__dict__, **rec.to_dict()})

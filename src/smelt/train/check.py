@@ -21,6 +21,7 @@ import torch
 
 from smelt.config import Config
 from smelt.model.transformer import Transformer
+from smelt.train.mesh import check_layout_keys
 from smelt.train.setup import read_vocab_size
 from smelt.train.trainer import train
 
@@ -33,7 +34,10 @@ REPRO_STEPS = 20
 
 
 def _cpu_config(cfg: Config, **train: object) -> Config:
-    tc = dataclasses.replace(cfg.train, device="cpu", precision="fp32", compile=False, **train)
+    # One process: the mesh keys are checked on their own (check_layout_keys), not launched.
+    tc = dataclasses.replace(
+        cfg.train, device="cpu", precision="fp32", compile=False, tensor_parallel=1, data_parallel=0, **train
+    )
     return dataclasses.replace(cfg, train=tc)
 
 
@@ -56,11 +60,13 @@ def _forward(model: Transformer, batch, rows: int, doc_masking: bool) -> torch.T
 def pilot_checks(cfg: Config, tokens_dir: Path, tokenizer_dir: Path) -> list[tuple[str, bool, str]]:
     """Run the pilot checks; returns (name, passed, detail) rows for a pass/fail table."""
     tokens_dir, tokenizer_dir = Path(tokens_dir), Path(tokenizer_dir)
+    results: list[tuple[str, bool, str]] = []
+    if cfg.train.tensor_parallel > 1 or cfg.train.data_parallel:  # ConfigError when it cannot be launched
+        results.append(("parallel layout", True, check_layout_keys(cfg)))
     cfg = _cpu_config(cfg)
     vocab = read_vocab_size(tokenizer_dir)
     batch = _fixed_batch(cfg, tokens_dir, tokenizer_dir)
     rows = min(OVERFIT_ROWS, batch.inputs.shape[0])
-    results: list[tuple[str, bool, str]] = []
 
     torch.manual_seed(cfg.run.seed)
     model = Transformer(cfg.model, vocab)
