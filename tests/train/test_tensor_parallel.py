@@ -36,6 +36,7 @@ def raw_config(parallel: str = "ddp", tensor_parallel: int = 1) -> dict:
             # the rounding level (TP sums its matmuls in another order), eps 1e-8 turns a 1e-12 rounding
             # difference into a visibly different step; 1e-6 keeps the weights comparable elementwise.
             "eps": 1e-6,
+            "monitor_every": STEPS,  # per-parameter weight norms and update ratios at the last step
         },
         "checkpoint": {"every_steps": RESUME_AT, "keep_last": 2},
     }  # fmt: skip
@@ -58,14 +59,18 @@ def run_processes(
     return read_metrics(out)
 
 
-def losses(lines: list[dict]) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in lines if r["kind"] == "train"}
+def losses(lines: list[dict]) -> dict[int, tuple[float, float]]:
+    """{step: (loss, gradient norm before clipping)}"""
+    return {r["step"]: (r["loss"], r["grad_norm"]) for r in lines if r["kind"] == "train"}
 
 
-def assert_same_losses(reference: dict[int, float], other: dict[int, float]) -> None:
+def assert_same_losses(reference: dict[int, tuple], other: dict[int, tuple]) -> None:
     assert other and set(other) <= set(reference)
-    for step, loss in other.items():
-        assert abs(loss - reference[step]) <= 1e-5 * abs(reference[step]), (step, reference[step], loss)
+    for step, (loss, norm) in other.items():
+        ref_loss, ref_norm = reference[step]
+        assert abs(loss - ref_loss) <= 1e-5 * abs(ref_loss), (step, ref_loss, loss)
+        # The norm counts every element once, however many ranks hold it (replicated norms, partial sums).
+        assert abs(norm - ref_norm) <= 1e-5 * ref_norm, (step, ref_norm, norm)
 
 
 def assert_same_weights(a_dir: Path, b_dir: Path) -> None:
@@ -92,7 +97,7 @@ def single(data, tmp_path, monkeypatch):  # noqa: F811 - pytest fixture injectio
 def test_tp2_matches_one_process_and_its_checkpoints_change_layout(single, data, tmp_path):  # noqa: F811
     tokens, tokenizer = data
     single_out, reference = single
-    assert len(reference) == STEPS and reference[STEPS] < reference[1]  # it trained
+    assert len(reference) == STEPS and reference[STEPS][0] < reference[1][0]  # it trained
     tp_out = tmp_path / "tp2"
     lines = run_processes(2, raw_config(tensor_parallel=2), tokens, tokenizer, tp_out)
     start = next(r for r in lines if r.get("event") == "start")
@@ -100,6 +105,11 @@ def test_tp2_matches_one_process_and_its_checkpoints_change_layout(single, data,
     assert_same_losses(reference, losses(lines))
     assert len(losses(lines)) == STEPS
     assert_same_weights(final_checkpoint(single_out), final_checkpoint(tp_out))
+    (single_layers,) = [r["layers"] for r in read_metrics(single_out) if r["kind"] == "layers"]
+    (tp_layers,) = [r["layers"] for r in lines if r["kind"] == "layers"]
+    assert tp_layers.keys() == single_layers.keys()
+    for name, figures in single_layers.items():  # norm weights are on both ranks: counted once
+        assert tp_layers[name]["weight_norm"] == pytest.approx(figures["weight_norm"], rel=1e-5), name
 
     middle = tp_out / "checkpoints" / f"step_{RESUME_AT:07d}"
     # TP2 -> one process: steps 4 and 5 as the uninterrupted run.

@@ -177,7 +177,7 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return grad.to_local() if hasattr(grad, "to_local") else grad
 
 
-def _copies(grad: torch.Tensor, world_size: int) -> int:
+def element_copies(grad: torch.Tensor, world_size: int) -> int:
     """On how many ranks each element of `grad` lives: a DTensor is split over its mesh's Shard
     dimensions and repeated over the rest (tensor-parallel norms are replicated over "tp", say);
     a plain tensor is on every rank."""
@@ -223,7 +223,7 @@ def global_grad_norm(params: Iterable[nn.Parameter], sharded: bool) -> torch.Ten
     if sharded and dist.is_initialized():
         # Summed over every rank, an element held by k ranks would count k times: divide by k.
         world = dist.get_world_size()
-        copies = [_copies(g, world) for g in grads]
+        copies = [element_copies(g, world) for g in grads]
         if any(k != 1 for k in copies):
             norms = [n / math.sqrt(k) for n, k in zip(norms, copies, strict=True)]
     squares = torch.stack(norms).pow(2).sum()

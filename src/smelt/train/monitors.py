@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from smelt.model.transformer import IGNORE_INDEX, doc_ids_from_tokens, position_ids_from_doc_ids
-from smelt.train.distributed import all_reduce_sum
+from smelt.train.distributed import all_reduce_sum, element_copies
 from smelt.train.precision import Precision
 
 SUPERSEDED_METRICS = "metrics.superseded.jsonl"
@@ -231,7 +231,9 @@ class UpdateRatioMonitor:
             new = _local(p.detach()).float()
             sums[i, 0] = (new - old).pow(2).sum()
             sums[i, 1] = new.pow(2).sum()
-        if self.sharded:
+        if self.sharded:  # each element counted once, however many ranks hold it (TP's replicated norms)
+            world = torch.distributed.get_world_size()
+            sums /= torch.tensor([[float(element_copies(p, world))] for _, p in self.named])
             all_reduce_sum(sums)
         self.before = None
         norms = sums.sqrt()
