@@ -162,6 +162,8 @@ def test_layout_replicates_or_shards_the_data_parallel_ranks():
     ("train", "world", "names"),
     [
         ({"tensor_parallel": 4}, 6, ["train.tensor_parallel = 4 does not divide the 6 processes"]),
+        ({"tensor_parallel": 2}, 1, ["train.tensor_parallel = 2 splits the model over 2 processes",
+                                     "torchrun --nproc-per-node 2"]),
         ({"tensor_parallel": 2, "data_parallel": 4}, 4, ["train.data_parallel (4) x train.tensor_parallel (2)",
                                                          "Set train.data_parallel = 2"]),
         ({"tensor_parallel": 8}, 8, ["model.n_heads (4) and model.n_kv_heads (2)"]),

@@ -59,6 +59,12 @@ def layout_for(cfg: Config, world_size: int) -> MeshLayout:
     """The mesh of `world_size` processes the `[train]` keys ask for; ConfigError when it cannot be."""
     tc = cfg.train
     tp, dp = tc.tensor_parallel, tc.data_parallel
+    if world_size < tp:
+        raise ConfigError(
+            f"train.tensor_parallel = {tp} splits the model over {tp} processes, but this launch has "
+            f"{world_size}. Launch with `torchrun --nproc-per-node {tp} -m smelt.cli train CONFIG` (or a "
+            f"multiple of {tp}), or set train.tensor_parallel = 1."
+        )
     if world_size % tp:
         raise ConfigError(
             f"train.tensor_parallel = {tp} does not divide the {world_size} processes of this launch: the "

@@ -82,7 +82,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
 
 
 def _local(value: Any) -> Any:
-    """A replicated DTensor as the plain tensor every rank holds (the autograd link is kept)."""
+    """A DTensor as the whole plain tensor, on every rank (gathered when sharded; autograd flows through)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
