@@ -1,13 +1,15 @@
 """`smelt plan memory` recommends a layout as `[train]` keys, and `smelt train --check` accepts them."""
 
 import dataclasses
+import json
 
 import pytest
 
 from helpers import VOCAB
 from smelt.config import config_from_dict, tomllib
 from smelt.errors import ConfigError
-from smelt.plan.memory import Cluster, Layout, ModelShape, memory, recommend, train_keys, train_keys_toml
+from smelt.plan.layout_keys import train_keys, train_keys_toml
+from smelt.plan.memory import Cluster, Layout, ModelShape, memory, recommend
 from smelt.train.check import pilot_checks
 
 from .test_trainer import data, tiny_config  # noqa: F401 - the data fixture
@@ -35,7 +37,7 @@ def test_a_recommended_tensor_parallel_layout_passes_train_check(data, monkeypat
     rec = tensor_parallel_recommendation(monkeypatch)
     assert (rec.layout.tp, rec.layout.pp, rec.layout.dp) == (2, 1, 2)
     keys = tomllib.loads(train_keys_toml(rec.layout, 256))["train"]
-    assert keys == rec.to_dict()["train_keys"]
+    assert keys == train_keys(rec.layout, 256)[0]
     assert keys["tensor_parallel"] == 2 and keys["data_parallel"] == 2 and keys["parallel"] == "fsdp"
     raw = tiny_config().to_dict()
     raw["train"].update(keys)
@@ -63,3 +65,29 @@ def test_pipeline_stages_are_named_as_not_built():
                     "micro_batch": 2, "batch_tokens": 2048}  # fmt: skip
     assert len(not_built) == 1 and not_built[0].startswith("PP 2: pipeline parallelism is not built yet")
     assert "# pipeline_parallel = 2" in train_keys_toml(layout, 2048)
+
+
+def test_plan_memory_prints_and_writes_the_keys(tmp_path, capsys):
+    from smelt.cli import main
+
+    argv = [
+        "plan",
+        "memory",
+        "--preset",
+        "llama-7b",
+        "--gpus",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--gpu-memory",
+        "24",
+    ]
+    assert main([*argv, "--json", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    toml = out.split("checks them):\n", 1)[1].split("\n\n", 1)[0]
+    keys = tomllib.loads(toml)["train"]
+    assert keys == {"parallel": "fsdp", "data_parallel": 2, "tensor_parallel": 4, "seq_len": 4096,
+                    "micro_batch": 2, "batch_tokens": 4194304}  # fmt: skip
+    assert "# pipeline_parallel = 2  (not built yet)" in toml and "not built: PP 2" in out
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert written["train_keys"] == keys and written["not_built"][0].startswith("PP 2")

@@ -243,6 +243,7 @@ def _model_shape(args: argparse.Namespace) -> tuple[Any, int]:
 
 def _memory(args: argparse.Namespace) -> int:
     from smelt.plan.budget import GPUS
+    from smelt.plan.layout_keys import print_train_keys
     from smelt.plan.memory import (
         GB,
         Cluster,
@@ -252,8 +253,6 @@ def _memory(args: argparse.Namespace) -> int:
         memory_rows,
         model_state_bytes,
         recommend,
-        train_keys,
-        train_keys_toml,
     )
 
     shape, default_seq = _model_shape(args)
@@ -304,13 +303,10 @@ def _memory(args: argparse.Namespace) -> int:
             print(f"  - {reason}")
         print(f"\nlayouts of {args.gpus} GPUs at micro batch 1 ({rec.budget_gb:.0f} GB usable per GPU):")
         print(alternatives_table(rec))
-        toml = train_keys_toml(layout, batch)
-        print(f"\nthe layout as config keys (`smelt train --check` checks them):\n{toml}")
-        for missing in train_keys(layout, batch)[1]:
-            print(f"\nnot built: {missing}")
+        keys = print_train_keys(layout, batch)
         for warning in rec.warnings:
             print(f"\nwarning: {warning}")
-        _write_json(args.json_out, {"model": shape.__dict__, **rec.to_dict()})
+        _write_json(args.json_out, {"model": shape.__dict__, **rec.to_dict(), **keys})
         return 0
     tp, pp = args.tp or 1, args.pp or 1
     if args.dp:

@@ -263,11 +263,8 @@ class Recommendation:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        keys, not_built = train_keys(self.layout, self.global_batch_tokens)
         return {
             "layout": self.layout.__dict__,
-            "train_keys": keys,
-            "not_built": not_built,
             "memory": self.memory.to_dict(),
             "memory_at_micro_batch_1_gb": self.memory_at_micro_batch_1.peak.total / GB,
             "budget_gb": self.budget_gb,
@@ -286,8 +283,7 @@ def _powers_of_two(limit: int) -> list[int]:
 
 
 def _tp_ok(shape: ModelShape, tp: int) -> bool:
-    # smelt's tensor parallelism gives each rank whole key/value heads (train/tensor_parallel.py); it
-    # does not replicate them, so the recommender only picks TP degrees that divide both head counts.
+    # smelt's TP gives each rank whole key/value heads, never replicated: TP must divide both counts.
     return shape.n_heads % tp == 0 and shape.n_kv_heads % tp == 0
 
 
@@ -500,41 +496,4 @@ def alternatives_table(rec: Recommendation) -> str:
             f"{layout.tp:>3} {layout.pp:>3} {layout.dp:>5} {layout.zero:>5} {mem.peak.total / GB:>23.1f}  "
             f"{'yes' if ok else 'no'}{mark}"
         )
-    return "\n".join(lines)
-
-
-def train_keys(layout: Layout, global_batch_tokens: int) -> tuple[dict[str, Any], list[str]]:
-    """The `[train]` keys that train `layout` (see train/mesh.py), and the parts smelt cannot train yet.
-
-    ZeRO 0 is train.parallel = "ddp"; ZeRO 1 to 3 are "fsdp": FSDP2 shards weights, gradients and
-    optimizer state, so it needs no more memory per GPU than the stage the plan assumed (and exchanges
-    more: weights are gathered per layer). The global batch becomes train.batch_tokens, which the
-    trainer splits into micro batches per data-parallel rank and accumulation steps itself.
-    """
-    keys: dict[str, Any] = {
-        "parallel": "fsdp" if layout.zero >= 1 else "ddp",
-        "data_parallel": layout.dp,
-        "tensor_parallel": layout.tp,
-        "seq_len": layout.seq_len,
-        "micro_batch": layout.micro_batch,
-        "batch_tokens": global_batch_tokens,
-    }
-    not_built = []
-    if layout.pp > 1:
-        not_built.append(
-            f"PP {layout.pp}: pipeline parallelism is not built yet. Without it these keys run TP x DP = "
-            f"{layout.tp * layout.dp} of the {layout.gpus} GPUs, each holding {layout.pp} times the layers "
-            f"this plan counts; pick a layout with PP 1 from the table (--tp/--dp) until it is"
-        )
-    return keys, not_built
-
-
-def train_keys_toml(layout: Layout, global_batch_tokens: int) -> str:
-    """`train_keys` as a `[train]` table to paste into a run config (what is not built, commented out)."""
-    keys, _ = train_keys(layout, global_batch_tokens)
-    lines = ["[train]"]
-    for key, value in keys.items():
-        lines.append(f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}")
-    if layout.pp > 1:
-        lines.append(f"# pipeline_parallel = {layout.pp}  (not built yet)")
     return "\n".join(lines)
