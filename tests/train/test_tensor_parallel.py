@@ -147,6 +147,7 @@ def test_data_parallel_x_tp2_on_four_processes_matches_one(single, data, tmp_pat
 
 def tp_config(**train) -> Config:
     raw = raw_config(**{k: train.pop(k) for k in ("parallel", "tensor_parallel") if k in train})
+    raw["eval"] = {"every_steps": train.pop("eval_every_steps", 0)}
     raw["train"].update(train)
     return config_from_dict(raw)
 
@@ -169,6 +170,7 @@ def test_layout_replicates_or_shards_the_data_parallel_ranks():
         ({"tensor_parallel": 8}, 8, ["model.n_heads (4) and model.n_kv_heads (2)"]),
         ({"tensor_parallel": 2, "seq_len": 33}, 2, ["train.seq_len (33)"]),
         ({"tensor_parallel": 2, "optimizer": "muon"}, 2, ["train.optimizer = 'muon'"]),
+        ({"tensor_parallel": 2, "eval_every_steps": 10}, 2, ["eval.every_steps", "smelt eval RUN"]),
     ],
 )  # fmt: skip
 def test_layouts_that_cannot_be_built_name_the_keys(train, world, names):

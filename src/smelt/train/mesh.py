@@ -110,6 +110,11 @@ def check_tensor_parallel(cfg: Config) -> None:
         problems.append("model.qk_norm is not built for it (its weights would see only the local heads)")
     if m.z_loss:
         problems.append("model.z_loss needs the log-partition of vocabulary-sharded logits, not built; set 0")
+    if cfg.eval.every_steps:
+        problems.append(
+            "in-loop task scores (eval.every_steps) are not built for it (the KV cache of generation holds "
+            "every head); set eval.every_steps = 0 and score the checkpoints with `smelt eval RUN`"
+        )
     if tc.optimizer != "adamw":
         problems.append(f"train.optimizer = {tc.optimizer!r} is not built for sharded matrices; use 'adamw'")
     if problems:
