@@ -143,6 +143,17 @@ def test_data_parallel_x_tp2_on_four_processes_matches_one(single, data, tmp_pat
     assert len(losses(lines)) == STEPS
     assert_same_losses(reference, losses(lines))
     assert_same_weights(final_checkpoint(single_out), final_checkpoint(out))
+    # A 2-D checkpoint (data-parallel x TP shards) resumes in one process.
+    one = tmp_path / f"{parallel}-tp2-to-1"
+    train(
+        config_from_dict(raw_config()),
+        tokens,
+        tokenizer,
+        one,
+        resume=out / "checkpoints" / f"step_{RESUME_AT:07d}",
+    )
+    assert sorted(losses(read_metrics(one))) == [4, 5]
+    assert_same_losses(reference, losses(read_metrics(one)))
 
 
 def tp_config(**train) -> Config:

@@ -183,8 +183,9 @@ def element_copies(grad: torch.Tensor, world_size: int) -> int:
     a plain tensor is on every rank."""
     if not hasattr(grad, "placements"):
         return world_size
-    shards = math.prod(grad.device_mesh.size(i) for i, p in enumerate(grad.placements) if p.is_shard())
-    return world_size // shards
+    # Not `is_shard()`: FSDP2 over TP-sharded rows places a _StridedShard, which is no Shard subclass.
+    splits = [i for i, p in enumerate(grad.placements) if not (p.is_replicate() or p.is_partial())]
+    return world_size // math.prod(grad.device_mesh.size(i) for i in splits)
 
 
 def reduce_partial_grads_(params: Iterable[nn.Parameter]) -> None:
