@@ -54,16 +54,41 @@ def sets(*items: str) -> list[str]:
     return [arg for item in items for arg in ("--set", item)]
 
 
+REUSE = False  # --reuse: keep a stage or an evaluation already in place from an earlier invocation
+
+
 def stage(name: str, runs: Path, parent: Path, out: Path, *overrides: str) -> dict:
+    if REUSE and (out / "summary.json").is_file():
+        return json.loads((out / "summary.json").read_text())
     smelt("posttrain", "run", str(CONFIGS / name), "--force",
           *sets(f"run.init_from='{parent}'", f"run.out='{out}'", *overrides))  # fmt: skip
     return json.loads((out / "summary.json").read_text())
 
 
 def evaluate(run: Path, data: Path, items: int, **kwargs) -> dict:
+    """Score the run's latest checkpoint; with --reuse, the parts an earlier invocation scored on the same
+    checkpoint and item count are kept and only the missing ones are computed."""
+    from smelt.checkpoint.store import latest_checkpoint
     from smelt.posttrain.evaluate import evaluate_run
 
-    return evaluate_run(run, limit=items, max_new_tokens=kwargs.pop("max_new_tokens", 192), **kwargs)
+    kwargs = {"max_new_tokens": 192, "addition_digits": 1, **kwargs}
+    saved = run / "posttrain_eval" / f"{latest_checkpoint(run / 'train' / 'checkpoints').name}.json"
+    kept = json.loads(saved.read_text()) if REUSE and saved.is_file() else {}
+    parts = {"gsm8k": ["gsm8k_chat"], "few_shot": ["gsm8k_few_shot"], "addition": ["addition_chat"]}
+    for arg, keys in parts.items():
+        have = all(k in kept and kept[k].get("items") == items for k in keys)
+        if arg == "addition" and have:
+            have = kept["addition_chat"].get("digits") == kwargs["addition_digits"]
+        if kwargs.get(arg) and have:
+            kwargs[arg] = 0 if arg != "gsm8k" else None
+        else:
+            for k in keys:
+                kept.pop(k, None)
+    if not (kwargs.get("gsm8k") or kwargs.get("addition")):
+        return kept
+    if not kwargs.get("gsm8k"):
+        kwargs["few_shot"] = 0
+    return {**kept, **evaluate_run(run, limit=items, **kwargs)}
 
 
 def main() -> None:
@@ -77,7 +102,10 @@ def main() -> None:
     parser.add_argument("--dpo-pairs", type=int, default=1200, help="hh-rlhf pairs read (256 held out)")
     parser.add_argument("--eval-items", type=int, default=100, help="held-out items per exact-match set")
     parser.add_argument("--result", default="posttrain", help="bench/results/NAME.json")
+    parser.add_argument("--reuse", action="store_true", help="keep stages and evaluations already in --runs")
     args = parser.parse_args()
+    global REUSE
+    REUSE = args.reuse
     data = shared_data("corpus/prose", "posttrain/gsm8k/train.jsonl", "eval/gsm8k/test.jsonl")
     os.environ.setdefault("SMELT_SHARED_DATA", str(data))
     runs = Path(args.runs)
@@ -115,9 +143,8 @@ def main() -> None:
     before, after = dpo["heldout_before"], dpo["heldout_after"]
     figures = {
         "base_tokens": args.base_tokens,
-        "base_val_loss": base_summary.get("train", {}).get("final_val_loss")
-        if isinstance(base_summary.get("train"), dict)
-        else None,
+        "base_val_loss": base_summary.get("final_val_loss"),
+        "base_train_tokens_per_s": base_summary.get("train_tokens_per_s"),
         "eval_items": n,
         "addition_exact_match_base": base_eval["addition_chat"]["exact_match"],
         "addition_exact_match_sft": add_eval["addition_chat"]["exact_match"],
@@ -137,6 +164,8 @@ def main() -> None:
         "dpo_final_loss": dpo["final_loss"],
         "grpo_heldout_reward_before": grpo["heldout_reward_before"],
         "grpo_heldout_reward_after": grpo["heldout_reward_after"],
+        "grpo_heldout_sampled_reward_before": grpo["heldout_sampled_reward_before"],
+        "grpo_heldout_sampled_reward_after": grpo["heldout_sampled_reward_after"],
         "grpo_train_reward_first_quarter": grpo["train_reward_first_quarter"],
         "grpo_train_reward_last_quarter": grpo["train_reward_last_quarter"],
         "sft_addition_tokens_per_s": sft_add["tokens_per_s"],

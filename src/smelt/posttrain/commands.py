@@ -33,6 +33,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--shots-from", default=None, help="GSM8K JSONL the few-shot examples come from")
     p.add_argument("--pairs", default=None, help="preference pairs (hh-rlhf .jsonl.gz or smelt JSONL)")
     p.add_argument("--addition", type=int, default=0, help="score N synthetic addition problems")
+    p.add_argument("--addition-digits", type=int, default=2, help="digits per addition operand")
     p.add_argument("--limit", type=int, default=64, help="items per set (0: all)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.set_defaults(func=_eval)
@@ -69,8 +70,8 @@ def _eval(args: argparse.Namespace) -> int:
 
     if args.limit < 0:
         raise UserError(f"--limit {args.limit} must be 0 (every item) or a positive number of items.")
-    result = evaluate_run(args.run, args.checkpoint, args.gsm8k, args.pairs, args.addition, args.limit,
-                          args.few_shot, args.shots_from, args.max_new_tokens)  # fmt: skip
+    result = evaluate_run(args.run, args.checkpoint, args.gsm8k, args.pairs, args.addition, args.addition_digits,
+                          args.limit, args.few_shot, args.shots_from, args.max_new_tokens)  # fmt: skip
     rows = [(k, v) for k, v in flat({k: v for k, v in result.items() if k != "gallery"}).items()
             if "samples" not in k]  # fmt: skip
     print_table(rows)

@@ -187,6 +187,7 @@ def evaluate_run(
     gsm8k: str | Path | None = None,
     pairs: str | Path | None = None,
     addition: int = 0,
+    addition_digits: int = 2,
     limit: int = 64,
     few_shot: int = 0,
     shots_from: str | Path | None = None,
@@ -221,7 +222,8 @@ def evaluate_run(
             shots = gsm8k_items(shots_from or gsm8k, few_shot + len(items))[-few_shot:]
             result["gsm8k_few_shot"] = few_shot_exact_match(model, chat, items, shots, max_new_tokens)
     if addition:
-        result["addition_chat"] = chat_exact_match(model, chat, addition_items(addition, seed=999), 16)
+        items = addition_items(addition, seed=999, digits=addition_digits)
+        result["addition_chat"] = {**chat_exact_match(model, chat, items, 16), "digits": addition_digits}
     if pairs:
         if str(pairs).endswith(".gz"):
             loaded, _ = read_hh_rlhf(pairs)
