@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "smelt"
 
 # Lower layers never import higher ones; packages within one layer do not import each other. The
@@ -117,12 +119,14 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_every_package_has_a_layer():
     units = {_unit(m) for m in module_imports() if not _is_command_module(m)} - {"smelt", "__main__"}
     missing = sorted(u for u in units if _layer(u) is None)
     assert not missing, f"add {missing} to a layer of LAYERS in tests/test_architecture.py"
 
 
+@pytest.mark.slow
 def test_no_import_against_the_layers():
     wrong = {}
     for (source, target), modules in package_arrows().items():
@@ -139,11 +143,13 @@ def test_no_import_against_the_layers():
     )
 
 
+@pytest.mark.slow
 def test_known_arrows_still_happen():
     gone = sorted(set(KNOWN_ARROWS) - set(package_arrows()))
     assert not gone, f"{gone} no longer happen: remove them from KNOWN_ARROWS"
 
 
+@pytest.mark.slow
 def test_no_cycle_between_packages():
     graph: dict[str, set[str]] = {}
     for source, target in package_arrows():
@@ -193,6 +199,7 @@ KNOWN_MODULE_CYCLES = {
 }
 
 
+@pytest.mark.slow
 def test_no_cycle_between_modules():
     imports = module_imports()
     graph = {m: {t for t in targets if t in imports and t != m} for m, targets in imports.items()}

@@ -29,6 +29,7 @@ def test_every_subcommand_has_help(words, capsys):
     assert "usage: smelt " + " ".join(words) in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_entry_point_runs_as_a_program():
     done = subprocess.run([sys.executable, "-m", "smelt.cli", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("smelt ")
@@ -133,6 +134,7 @@ def test_plan_model_prints_sizes(capsys):
     assert "parameters (non-embedding)" in out and "KV-cache bytes per token" in out and "s = 1024" in out
 
 
+@pytest.mark.slow
 def test_plan_model_unknown_preset(capsys):
     code, err = run_cli(["plan", "model", "llama-1"], capsys)
     assert code == 2 and "llama-1b" in err
@@ -206,6 +208,7 @@ def test_mixture_example_reads_the_shared_corpus_from_smelt_shared_data(monkeypa
     assert [s.root for s in cfg.data.sources] == ["/data/shared/corpus/prose", "/data/shared/corpus/code"]
 
 
+@pytest.mark.slow
 def test_building_the_parser_imports_no_torch():
     # `smelt --help` and a usage error must stay instant: command modules import torch in handlers only.
     code = "import sys; from smelt.cli import build_parser; build_parser(); print('torch' in sys.modules)"

@@ -67,6 +67,7 @@ def logged_steps(out: Path) -> int:
     return path.read_text().count('"kind": "train"') if path.is_file() else 0
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_auto_is_bitwise_identical(tmp_path, monkeypatch):
     monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
     tokens, tokenizer = write_token_data(tmp_path)
@@ -113,6 +114,7 @@ def trained(tmp_path, steps: int = 9, **checkpoint) -> tuple[dict, Path, Path]:
     return raw, tokens, tokenizer
 
 
+@pytest.mark.slow
 def test_damaged_checkpoints_are_passed_over_with_a_warning(tmp_path):
     raw, tokens, tokenizer = trained(tmp_path)
     out = tmp_path / "run"
@@ -147,6 +149,7 @@ def test_damaged_checkpoints_are_passed_over_with_a_warning(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_unmarked_checkpoint_alerts_in_the_terminal_and_metrics(tmp_path, monkeypatch, capsys):
     raw, tokens, tokenizer = trained(tmp_path, steps=6)
     out = tmp_path / "run"
@@ -165,6 +168,7 @@ def test_unmarked_checkpoint_alerts_in_the_terminal_and_metrics(tmp_path, monkey
     assert alert["step"] == 3 and "step_0000006" in alert["message"]
 
 
+@pytest.mark.slow
 def test_edited_meta_json_fails_verify_and_resume_falls_back(tmp_path, capsys):
     raw, tokens, tokenizer = trained(tmp_path, steps=6)
     out = tmp_path / "run"
@@ -186,6 +190,7 @@ def test_edited_meta_json_fails_verify_and_resume_falls_back(tmp_path, capsys):
     assert (out / "checkpoints" / "superseded" / "step_0000006" / "meta.json").read_text() == json.dumps(meta)
 
 
+@pytest.mark.slow
 def test_every_checkpoint_damaged_starts_over_and_keeps_the_old_metrics(tmp_path):
     raw, tokens, tokenizer = trained(tmp_path, steps=6)
     out = tmp_path / "run"
@@ -208,6 +213,7 @@ def test_every_checkpoint_damaged_starts_over_and_keeps_the_old_metrics(tmp_path
     ]
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_model_shape_or_tokenizer_is_refused(tmp_path):
     raw, tokens, tokenizer = trained(tmp_path, steps=6)
     meta = json.loads((tokens / "meta.json").read_text())
@@ -236,6 +242,7 @@ META = {"model_config": tiny_model_config(), "vocab_size": VOCAB}
 
 
 @pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.slow
 def test_full_disk_during_save_is_clear_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, async_save):
     model, optimizer = model_and_optimizer()
     saver = Checkpointer(tmp_path / "ckpt", keep_last=2, async_save=async_save)
@@ -302,6 +309,7 @@ def test_marker_write_failing_leaves_the_step_uncommitted(tmp_path, monkeypatch)
     assert list((tmp_path / "ckpt").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_full_disk_in_training_is_exit_1_with_a_checkpoint_failed_event(tmp_path, monkeypatch, capsys):
     raw, tokens, tokenizer = trained(tmp_path, steps=9)
     out = tmp_path / "run"
@@ -352,6 +360,7 @@ def test_async_snapshot_is_isolated_from_later_updates(tmp_path):
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.slow
 def test_milestones_survive_retention(tmp_path):
     model, optimizer = model_and_optimizer()
     saver = Checkpointer(tmp_path / "ckpt", keep_last=1, async_save=False, milestone_every_tokens=500)

@@ -36,6 +36,7 @@ def cli(args, capsys):
     return code, out.out, out.err
 
 
+@pytest.mark.slow
 def test_uniform_average_is_the_mean_and_loads(tmp_path, capsys):
     run, checkpoints, models = write_run(tmp_path)
     out = tmp_path / "avg"
@@ -55,6 +56,7 @@ def test_uniform_average_is_the_mean_and_loads(tmp_path, capsys):
         load_training_state(out, model, torch.optim.AdamW(model.parameters()))
 
 
+@pytest.mark.slow
 def test_ema_follows_the_recursion_in_step_order(tmp_path):
     _, checkpoints, models = write_run(tmp_path)
     out = tmp_path / "ema"
@@ -117,6 +119,7 @@ def test_bad_selections_name_what_exists(tmp_path, capsys):
     assert code == 2 and "not a run directory" in err
 
 
+@pytest.mark.slow
 def test_list_shows_steps_milestones_and_unfinished_saves(tmp_path, capsys):
     run, checkpoints, _ = write_run(tmp_path, steps=(10, 20), milestone_at=10)
     (checkpoints / ".tmp-step_0000030").mkdir()  # a save that crashed midway
@@ -136,6 +139,7 @@ def test_list_shows_steps_milestones_and_unfinished_saves(tmp_path, capsys):
     assert code == 0 and "step_0000020-avg2" in stdout and "weights only" in stdout
 
 
+@pytest.mark.slow
 def test_verify_names_the_corrupt_file(tmp_path, capsys):
     run, checkpoints, _ = write_run(tmp_path, steps=(10, 20))
     code, stdout, _ = cli(["checkpoint", "verify", run, "--all"], capsys)
@@ -157,6 +161,7 @@ def test_verify_names_the_corrupt_file(tmp_path, capsys):
     assert code == 2 and shard.name in err and not (tmp_path / "avg").exists()
 
 
+@pytest.mark.slow
 def test_averaged_checkpoint_exports_to_hf(tmp_path):
     from smelt.checkpoint.export import export_hf
 

@@ -3,9 +3,12 @@
 import gzip
 import json
 
+import pytest
+
 from smelt.data.curate import curate
 
 
+@pytest.mark.slow
 def test_bad_inputs_are_counted_logged_and_the_run_continues(tmp_path, write, source, config):
     good = "A perfectly ordinary paragraph of prose. " * 5
     tree = write(

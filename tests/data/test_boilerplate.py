@@ -285,6 +285,7 @@ def test_unknown_publisher_is_a_config_error():
     assert "did you mean 'gutenberg'?" in str(err.value) and "Known publishers: gutenberg" in str(err.value)
 
 
+@pytest.mark.slow
 def test_the_step_runs_right_after_normalize_by_default_and_skips_code():
     cfg = DataConfig(sources=[SourceConfig(name="books"), SourceConfig(name="code", code=True)])
     steps = build_steps(cfg)

@@ -21,6 +21,7 @@ def _doc(text: str, id: str = "d") -> Doc:
     return Doc("s", 0, id, text, "f")
 
 
+@pytest.mark.slow
 def test_planted_hellaswag_item_is_flagged(shared_data):
     hellaswag = str(shared_data / HELLASWAG)
     items = read_items(EvalSetConfig("hellaswag", hellaswag, "olmes"), "k")
@@ -102,6 +103,7 @@ def test_wrong_format_names_the_key_and_fields(tmp_path, write):
         ("winogrande/mosaic_winogrande_dev.jsonl", "mosaic", 1267),
     ],
 )
+@pytest.mark.slow
 def test_readers_on_original_files(shared_data, path, fmt, count):
     items = read_items(EvalSetConfig("b", str(shared_data / "eval" / path), fmt), "k")
     assert len(items) == count

@@ -152,6 +152,7 @@ def test_curate_near_dedup_scope_by_field(tmp_path, write, source, config):
     assert {r["id"] for r in _kept(tmp_path / "out")} >= {f"b{i:03d}" for i in range(5)}
 
 
+@pytest.mark.slow
 def test_kept_set_is_identical_for_1_2_and_4_workers(tmp_path, write, source, config):
     rng = random.Random(3)
     files = {}

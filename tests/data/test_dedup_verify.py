@@ -67,6 +67,7 @@ def _signature_collision(rng: random.Random) -> tuple[str, str]:
     raise AssertionError("no signature collision among 3000 pairs")
 
 
+@pytest.mark.slow
 def test_jaccard_verification_splits_a_pair_the_signatures_join(tmp_path):
     rng = random.Random(5)
     a, b = _signature_collision(rng)
@@ -84,6 +85,7 @@ def test_jaccard_verification_splits_a_pair_the_signatures_join(tmp_path):
     assert kept_pairs["jaccard"] == ["00003"]
 
 
+@pytest.mark.slow
 def test_curate_with_jaccard_verification(tmp_path, write, source, config):
     root = _near_corpus(tmp_path, write, random.Random(2))
     src = source("s", root, format="jsonl", include=["*.jsonl"], id_field="id")

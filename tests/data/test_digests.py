@@ -31,6 +31,7 @@ def test_equal_low_bits_are_told_apart_by_the_rest():
         table.first(digest(-1), -5)
 
 
+@pytest.mark.slow
 def test_memory_per_entry_is_a_fraction_of_a_dict():
     tracemalloc.start()
     table = DigestTable()

@@ -610,6 +610,7 @@ def test_url_blocklist_config_errors(tmp_path):
 # Real shared text
 
 
+@pytest.mark.slow
 def test_real_prose_is_kept_and_shakespeare_dialogue_dropped_by_repeated_lines(shared_data):
     cfg = DataConfig()
     steps = [GopherQuality(cfg.gopher_quality), GopherRepetition(cfg.gopher_repetition)]
@@ -647,6 +648,7 @@ def test_real_web_teaser_list_dropped_by_ellipsis_rule(shared_data):
     assert gopher_quality_scores(text)["ellipsis_lines_ratio"] == 1.0
 
 
+@pytest.mark.slow
 def test_real_code_mostly_kept_and_generated_files_dropped(shared_data):
     path = shared_data / "corpus" / "code" / "cpython_stdlib_lib.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]

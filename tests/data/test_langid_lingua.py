@@ -51,6 +51,7 @@ def cfg_with(backend, **source):
     return DataConfig(sources=[SourceConfig(name="web", **source)], langid=LangIdConfig(backend=backend))
 
 
+@pytest.mark.slow
 def test_lingua_labels_languages_py3langid_cannot(lingua_installed, sentences):
     for lang in UNKNOWN_TO_PY3LANGID:
         assert lang not in langid.known_languages("py3langid")
@@ -61,6 +62,7 @@ def test_lingua_labels_languages_py3langid_cannot(lingua_installed, sentences):
     assert identify("12 345 -- 6.7 %", backend="lingua_low") == ("und", 0.0)
 
 
+@pytest.mark.slow
 def test_keep_lists_use_lingua_codes(lingua_installed, sentences):
     step = LanguageId.from_config(cfg_with("lingua_low", languages=["mi", "nob"]))
     assert step.keep["web"][0] == {"mi", "nb"} and step.backend == "lingua_low"

@@ -90,6 +90,7 @@ def test_text_sources_split_long_files_by_default():
 
 
 @pytest.mark.parametrize("name", ["2701-0.txt", "1342-0.txt"])
+@pytest.mark.slow
 def test_a_real_book_survives_gopher_with_default_settings(shared_data, tmp_path, source, config, name):
     """Moby Dick (215,000 words) and Pride and Prejudice: one document each used to exceed Gopher's
     max_words = 100,000 (Moby Dick) or come close; as parts, nearly all of the text is kept."""

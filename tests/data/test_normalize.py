@@ -1,5 +1,7 @@
 import unicodedata
 
+import pytest
+
 from smelt.data.normalize import normalize_text
 
 
@@ -58,6 +60,7 @@ def test_mojibake_repair_only_when_asked():
     assert normalize_text(fine, mojibake=True) == fine
 
 
+@pytest.mark.slow
 def test_mojibake_repair_restores_real_utf8_text_read_as_latin_1(shared_data):
     raw = (shared_data / "corpus" / "prose" / "gutenberg" / "2701-0.txt").read_bytes()
     original = raw.decode("utf-8-sig")

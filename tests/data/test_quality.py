@@ -106,6 +106,7 @@ def test_same_seed_same_bytes_other_seed_other_bytes(synthetic_root, tmp_path):
     assert paths[0].read_bytes() != paths[2].read_bytes()
 
 
+@pytest.mark.slow
 def test_same_bytes_in_another_process_with_another_hash_seed(synthetic_root, tmp_path):
     """Nothing may depend on Python's per-process string hashing (set order, hash())."""
     script = (
@@ -344,6 +345,7 @@ def blocks(text: str, size: int = 2000) -> list[str]:
     return out
 
 
+@pytest.mark.slow
 def test_real_books_and_wikipedia_against_raw_web_pages(shared_data, tmp_path):
     """Positives: Gutenberg books (without the first and last tenth: licence boilerplate) in 2,000-
     character blocks, and WikiText paragraphs. Negatives: all visible text of half of the 181 news and

@@ -30,6 +30,9 @@ ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
+pytestmark = pytest.mark.slow  # the module starts a heavy shared fixture
+
+
 def _data_config(shared: Path, **kw) -> DataConfig:
     """Real sources (a text tree and a JSONL crawl sample) cut into a dozen work shards, with MinHash
     near-dedup (and not exact dedup) on, and a few speeches read twice, so that the signature tasks

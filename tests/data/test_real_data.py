@@ -6,6 +6,7 @@ import sysconfig
 import unicodedata
 
 import pyarrow.parquet as pq
+import pytest
 
 from smelt.data.curate import curate, resolve_sources
 
@@ -56,6 +57,7 @@ def test_dolma_web_jsonl_with_id_field(shared_data, tmp_path, source, config):
     assert {json.loads(r["meta"])["file"] for r in rows} <= {"cc_en_head-0091.jsonl", "cc_en_head-0174.jsonl"}
 
 
+@pytest.mark.slow
 def test_cpython_code_slice(shared_data, tmp_path, source, config):
     """The first 120 records of the stdlib JSONL, split over three gzip files; max_files keeps two."""
     lines = (
@@ -88,6 +90,7 @@ def test_cpython_code_slice(shared_data, tmp_path, source, config):
             assert row["text"] == original
 
 
+@pytest.mark.slow
 def test_stdlib_root_excludes_site_packages(tmp_path, source, config):
     cfg = config(source("stdlib", "{stdlib}", include=["**/*.py"], code=True, max_files=40))
     files = resolve_sources(cfg)["stdlib"]

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 TOML = """
 [run]
 name = "{name}"
@@ -48,6 +50,7 @@ def _files(directory: Path) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_then_resume_is_byte_identical(tmp_path):
     root = tmp_path / "raw"
     _corpus(root, 400)

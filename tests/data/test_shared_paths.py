@@ -74,6 +74,7 @@ def test_shared_corpus_config_reads_the_data_from_smelt_shared_data(shared_data,
         ("dedup_speed.py", ["--docs", "20", "--skip-datasketch"], "corpus/prose, eval/hellaswag/"),
     ],
 )
+@pytest.mark.slow
 def test_bench_scripts_say_where_they_looked_for_the_shared_data(tmp_path, script, args, lacks):
     empty = tmp_path / "shared"
     empty.mkdir()

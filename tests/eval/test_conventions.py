@@ -67,6 +67,7 @@ def tasks_under_test(tiny_run) -> list[Task]:
     return tasks
 
 
+@pytest.mark.slow
 def test_requests_are_tokenized_as_lm_eval_tokenizes_them(tiny_run, tokenizer):
     for task in tasks_under_test(tiny_run):
         prep = prepare(task, tokenizer, max_len=512)
@@ -80,6 +81,7 @@ def test_requests_are_tokenized_as_lm_eval_tokenizes_them(tiny_run, tokenizer):
     assert tokenizer.decode(spaced.pairs[0][1]) == "  on the mat."  # the template's space moved over
 
 
+@pytest.mark.slow
 def test_eos_convention_puts_one_eos_before_every_context(tiny_run, tokenizer):
     for task in tasks_under_test(tiny_run):
         prep = prepare(task, tokenizer, max_len=512, convention="eos")
@@ -101,6 +103,7 @@ def test_generation_prompts_follow_the_convention(tiny_run, tokenizer):
         prepare(task, tokenizer, 512, convention="bos")
 
 
+@pytest.mark.slow
 def test_the_convention_changes_scores_and_is_recorded(tiny_run, tokenizer, tmp_path):
     root, cfg = tiny_run
     task = load_task(get_spec("copa"), root.parent / "tasks", shots=0)
@@ -127,6 +130,7 @@ def test_the_convention_changes_scores_and_is_recorded(tiny_run, tokenizer, tmp_
 
 
 @pytest.mark.parametrize("convention", ["lm-eval", "eos"])
+@pytest.mark.slow
 def test_gallery_is_what_transformers_greedy_generate_continues(tiny_run, tokenizer, tmp_path, convention):
     transformers = pytest.importorskip("transformers")
     from smelt.model.generate import generate

@@ -64,6 +64,7 @@ def score_uniform(run, **kwargs):
     )
 
 
+@pytest.mark.slow
 def test_uniform_model_scores_ln_v_per_token_and_counts_every_byte(run):
     tokenizer = Tokenizer.load(run / "tokenizer")
     result = score_uniform(run, batch_size=4)
@@ -98,6 +99,7 @@ def test_loss_by_position_counts_each_token_in_its_context_bucket():
     assert by_position[:, 0].sum() > 0
 
 
+@pytest.mark.slow
 def test_token_bytes_match_text_bytes(run):
     tokenizer = Tokenizer.load(run / "tokenizer")
     lengths = tokenizer.token_byte_lengths()
@@ -109,6 +111,7 @@ def test_token_bytes_match_text_bytes(run):
         assert int(lengths[stream.astype(np.int64)].sum()) == sum(len(t.encode()) for t in texts)
 
 
+@pytest.mark.slow
 def test_score_does_not_depend_on_batch_size(run):
     tokenizer = Tokenizer.load(run / "tokenizer")
     model = tiny_model(tokenizer.vocab_size)
@@ -125,6 +128,7 @@ def test_score_does_not_depend_on_batch_size(run):
     assert masked_1[0] != one[0]  # attention within documents scores differently from across them
 
 
+@pytest.mark.slow
 def test_max_bytes_caps_the_scored_documents(run):
     full = score_uniform(run, batch_size=8)
     capped = score_uniform(run, batch_size=8, max_bytes=2_000)

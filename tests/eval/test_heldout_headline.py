@@ -22,6 +22,7 @@ def config(**tokens):
     return config_from_dict({"train": {"seq_len": 32, "tokens": 32_000}, "tokens": tokens})
 
 
+@pytest.mark.slow
 def test_overall_loss_is_weighted_by_the_mixture_and_bits_per_byte_by_bytes(run):  # noqa: F811
     tokenizer = Tokenizer.load(run / "tokenizer")
     model = tiny_model(tokenizer.vocab_size)
@@ -41,6 +42,7 @@ def test_overall_loss_is_weighted_by_the_mixture_and_bits_per_byte_by_bytes(run)
     assert overall["bits_per_byte"] == pytest.approx(bits / sum(f["bytes"] for f in per.values()), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_without_weights_the_overall_loss_weighs_the_sources_by_training_tokens(run):  # noqa: F811
     tokenizer = Tokenizer.load(run / "tokenizer")
     result = heldout_bits_per_byte(
@@ -53,6 +55,7 @@ def test_without_weights_the_overall_loss_weighs_the_sources_by_training_tokens(
     assert result["overall"]["loss"] == pytest.approx(sum(shares[s] * per[s]["loss"] for s in per), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_training_mixture_follows_the_data_plan(run):  # noqa: F811
     tokens = run / "tokens"
     sizes = {s: ShardSet(tokens, "train", s).total_tokens for s in ("code", "prose")}

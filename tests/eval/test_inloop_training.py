@@ -8,6 +8,7 @@ import pytest
 from smelt.train.trainer import train
 
 
+@pytest.mark.slow
 def test_training_logs_inloop_task_scores_and_tensorboard_scalars(tiny_run, tmp_path, monkeypatch):
     monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
     root, cfg = tiny_run
@@ -34,6 +35,7 @@ def test_training_logs_inloop_task_scores_and_tensorboard_scalars(tiny_run, tmp_
     assert any("loss" in t for t in tags) and any("copa/acc" in t for t in tags), sorted(tags)
 
 
+@pytest.mark.slow
 def test_inloop_scores_at_the_training_precision(tiny_run, tmp_path, monkeypatch):
     import torch
 

@@ -174,6 +174,7 @@ def test_smelt_eval_tasks_passkey_without_benchmark_files(run, capsys):
     assert curves[-1]["tasks"]["passkey"]["acc"] == result["acc"]
 
 
+@pytest.mark.slow
 def test_loss_by_position_has_an_edge_at_the_length_the_checkpoint_was_trained_at(run):
     """A checkpoint trained at 48 tokens, scored at the run's 64: positions 48-63 are a bucket."""
     from smelt.checkpoint.store import save_checkpoint

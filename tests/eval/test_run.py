@@ -29,6 +29,7 @@ def run(tiny_run, tmp_path):
     return copy_root, cfg
 
 
+@pytest.mark.slow
 def test_all_checkpoints_get_step_files_curves_and_gallery_then_are_skipped(run):
     root, cfg = run
     results = evaluate_checkpoints(cfg, root, "all")
@@ -69,6 +70,7 @@ def test_all_checkpoints_get_step_files_curves_and_gallery_then_are_skipped(run)
     assert (root / "eval" / "step_0000001.json").read_bytes() == first
 
 
+@pytest.mark.slow
 def test_contamination_is_reported_next_to_the_score(run):
     root, cfg = run
     from smelt.config import EvalSetConfig
@@ -96,6 +98,7 @@ def test_checkpoint_with_another_tokenizer_is_refused(run):
         evaluate_checkpoints(cfg, root, "2")
 
 
+@pytest.mark.slow
 def test_bad_checkpoint_and_task_arguments(run):
     root, cfg = run
     with pytest.raises(UserError, match="step_0000009 does not exist.*step_0000001, step_0000002"):
@@ -131,6 +134,7 @@ def test_bad_checkpoint_and_task_arguments(run):
         InLoopEval(cfg, root / "tokenizer", torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_without_benchmark_files_only_heldout_is_scored(run, monkeypatch):
     import smelt.eval.run
     import smelt.eval.tasks
@@ -154,6 +158,7 @@ def test_without_benchmark_files_only_heldout_is_scored(run, monkeypatch):
     assert set(result["tasks"]) == {"mine"} and result["tasks"]["mine"]["items"] == 12
 
 
+@pytest.mark.slow
 def test_cli_eval_all_with_tasks_and_limit(run, capsys):
     root, cfg = run
     write_json(root / "config.json", cfg.to_dict())
@@ -167,6 +172,7 @@ def test_cli_eval_all_with_tasks_and_limit(run, capsys):
     assert main(["eval", str(root), "--tasks", "copa", "--limit", "-1"]) == 2
 
 
+@pytest.mark.slow
 def test_inloop_eval_scores_a_plain_module(run):
     root, cfg = run
     from smelt.checkpoint.store import load_model
@@ -187,6 +193,7 @@ def test_inloop_eval_scores_a_plain_module(run):
     assert not off.due(10) and off(model, 10) == {}
 
 
+@pytest.mark.slow
 def test_a_checkpoint_directory_such_as_an_average_is_scored_under_its_own_name(run):
     from smelt.checkpoint.store import load_model, save_checkpoint
 

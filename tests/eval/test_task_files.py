@@ -108,6 +108,7 @@ def counted(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_a_task_in_a_new_format_is_scored_from_its_task_file_alone(run, tmp_path):
     root, cfg = run
     tasks_dir = Path(cfg.eval.tasks_dir)
@@ -196,6 +197,7 @@ def test_bad_task_files_say_which_key_and_how_to_fix_it(tmp_path):
         get_spec("piqaa", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_changed_task_file_rescores_that_task_only_and_tasks_merge(run, counted):
     root, cfg = run
     tasks_dir = Path(cfg.eval.tasks_dir)
@@ -222,6 +224,7 @@ def test_a_changed_task_file_rescores_that_task_only_and_tasks_merge(run, counte
     assert result["tasks"]["copa"] == step["tasks"]["copa"]
 
 
+@pytest.mark.slow
 def test_cli_two_task_runs_keep_both_and_print_only_what_was_asked(run, capsys, counted, monkeypatch):
     monkeypatch.delenv("SMELT_QUIET", raising=False)  # the status lines say what was scored
     root, cfg = run
@@ -237,6 +240,7 @@ def test_cli_two_task_runs_keep_both_and_print_only_what_was_asked(run, capsys, 
     assert counted["heldout"] == [1]
 
 
+@pytest.mark.slow
 def test_data_scores_bits_per_byte_of_a_jsonl_set_next_to_gzip_and_xz(run, tmp_path, capsys):
     root, cfg = run
     texts = sentences(40, 9)
@@ -277,6 +281,7 @@ def test_text_sets_read_text_jsonl_and_parquet_folders(tmp_path):
         read_text_set(tmp_path / "d.csv")
 
 
+@pytest.mark.slow
 def test_tasks_dir_pointed_at_other_files_rescores_under_the_same_name(run, tmp_path, counted):
     root, cfg = run
     evaluate_checkpoints(cfg, root, "2", tasks=["copa"])
@@ -300,6 +305,7 @@ def test_window_bytes_follow_the_tokens_and_scale_when_they_do_not_add_up():
     assert window_byte_ends(lengths, 3, 3, 24) == [10, 24, 24]  # text twice the tokens' bytes
 
 
+@pytest.mark.slow
 def test_plain_smelt_eval_rescores_a_changed_task_file_when_the_stage_is_up_to_date(
     run, counted, monkeypatch
 ):

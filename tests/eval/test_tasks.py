@@ -24,6 +24,7 @@ FULL_COUNTS = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_every_registered_task_reads_its_shared_file(shared_data):
     tasks_dir = shared_data / "eval"
     assert set(available_tasks(tasks_dir)) == set(builtin_specs())

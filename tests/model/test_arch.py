@@ -126,6 +126,7 @@ def test_position_ids_default_equals_arange():
 
 @pytest.mark.parametrize("d_model", [64, 256, 768])
 @pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.slow
 def test_step0_loss_is_ln_v_at_every_width(d_model, tie):
     vocab = 1024
     cfg = ModelConfig(d_model=d_model, n_layers=2, n_heads=d_model // 64, max_seq_len=32, tie_embeddings=tie)

@@ -55,6 +55,7 @@ def test_activation_checkpointing_gives_the_same_gradients(with_docs):
 @pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler"
 )
+@pytest.mark.slow
 def test_torch_compile_matches_eager_on_cpu():
     torch._dynamo.reset()
     model = build(qk_norm=True, nope_every=2, rope_fraction=0.5)

@@ -66,6 +66,7 @@ def logits_and_grads(model: Transformer, x, y, **kwargs) -> tuple[torch.Tensor, 
 @pytest.mark.parametrize(
     "shape", [dict(n_kv_heads=2, qk_norm=True), dict(n_kv_heads=4)], ids=["gqa-qknorm", "mha"]
 )
+@pytest.mark.slow
 def test_flex_and_dense_paths_give_the_same_logits_and_gradients(reference_flex, shape):
     x, doc, pos = packed_batch()
     y = torch.roll(x, -1, dims=1)
@@ -83,6 +84,7 @@ def test_flex_and_dense_paths_give_the_same_logits_and_gradients(reference_flex,
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.slow
 def test_a_token_never_attends_across_a_document_boundary(reference_flex, path):
     model = build(path, n_layers=3, qk_norm=True)
     x, doc, pos = packed_batch()
@@ -102,6 +104,7 @@ def test_a_token_never_attends_across_a_document_boundary(reference_flex, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
+@pytest.mark.slow
 def test_one_document_per_row_equals_plain_causal_attention(reference_flex, path):
     model = build(path)
     x, _, _ = packed_batch()
@@ -165,6 +168,7 @@ def test_training_with_flex_on_cpu_is_a_user_error_naming_the_key():
 @pytest.mark.skipif(
     shutil.which("cc") is None and shutil.which("gcc") is None, reason="inductor needs a C compiler"
 )
+@pytest.mark.slow
 def test_compiled_flex_forward_on_cpu_matches_the_dense_path():
     """The fused CPU flex kernel (torch.compile; forward only in torch 2.13) skips whole tiles, so this
     is also the test of the BlockMask itself: the eager reference applies the mask_mod everywhere."""

@@ -75,6 +75,7 @@ def hf_logits(folder: Path, x: torch.Tensor) -> torch.Tensor:
         ({"qk_norm": True}, "Qwen3ForCausalLM"),
     ],
 )
+@pytest.mark.slow
 def test_export_logits_match_transformers(tmp_path, overrides, arch):
     model = build(**overrides)
     out = export_model(model, tmp_path / "hf")
@@ -155,6 +156,7 @@ def test_import_refuses_unsupported_configs(tmp_path):
         import_hf(tmp_path / "missing")
 
 
+@pytest.mark.slow
 def test_export_hf_from_a_checkpoint(tmp_path):
     from smelt.checkpoint.export import export_hf
     from smelt.checkpoint.store import save_checkpoint

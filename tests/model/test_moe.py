@@ -127,6 +127,7 @@ def test_capacity_factor_drops_and_counts():
     assert torch.equal(out[0, capacity:], torch.zeros_like(out[0, capacity:]))
 
 
+@pytest.mark.slow
 def test_aux_loss_free_bias_balances_a_skewed_router():
     layer = build_moe(moe_experts=4, moe_top_k=1, moe_bias_rate=0.01)
     gen = torch.Generator().manual_seed(0)

@@ -39,6 +39,7 @@ def build(**overrides) -> Transformer:
         (dict(qk_norm=False, moe_norm_topk=True), "MixtralForCausalLM"),
     ],
 )
+@pytest.mark.slow
 def test_export_logits_match_transformers_and_import_round_trips(tmp_path, overrides, architecture):
     model = build(**overrides)
     export_model(model, tmp_path)

@@ -36,6 +36,7 @@ def moe_config(**model):
     return config_from_dict(raw)
 
 
+@pytest.mark.slow
 def test_router_figures_reach_metrics_tensorboard_and_the_report(tmp_path):
     tokens, tokenizer = write_token_data(tmp_path)
     out = tmp_path / "run"
@@ -58,6 +59,7 @@ def test_router_figures_reach_metrics_tensorboard_and_the_report(tmp_path):
     assert "layer 1, expert 3:" in section
 
 
+@pytest.mark.slow
 def test_aux_loss_free_bias_is_updated_and_checkpointed(tmp_path):
     tokens, tokenizer = write_token_data(tmp_path)
     out = tmp_path / "run"

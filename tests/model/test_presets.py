@@ -11,6 +11,7 @@ VOCAB = 32_768
 
 
 @pytest.mark.parametrize("name", ["tiny-1m", "small-5m"])
+@pytest.mark.slow
 def test_small_presets_built_for_real_match_the_formula(name):
     cfg = preset_config(name)
     torch.manual_seed(0)
@@ -21,6 +22,7 @@ def test_small_presets_built_for_real_match_the_formula(name):
 
 
 @pytest.mark.parametrize("name", list(MODEL_PRESETS))
+@pytest.mark.slow
 def test_every_preset_on_meta_matches_the_formula(name):
     cfg = preset_config(name)
     with torch.device("meta"):  # shapes only: an 8B model costs no memory

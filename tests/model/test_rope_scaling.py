@@ -107,6 +107,7 @@ def test_yarn_frequencies_equal_transformers():
 
 
 @pytest.mark.parametrize("name", list(SCALINGS))
+@pytest.mark.slow
 def test_scaled_export_matches_transformers_beyond_the_original_length(tmp_path, name):
     transformers = pytest.importorskip("transformers")
     from smelt.model.hf import export_model, import_hf

@@ -102,6 +102,7 @@ def test_per_token_loss_matches_mean():
     torch.testing.assert_close(per.sum() / 24, mean)
 
 
+@pytest.mark.slow
 def test_overfits_tiny_batch():
     model = build(tiny_model_config())
     torch.manual_seed(0)

@@ -11,6 +11,7 @@ from smelt.plan import commands
 CHINCHILLA_CSV = "scaling/chinchilla_epoch_replication/svg_extracted_data.csv"
 
 
+@pytest.mark.slow
 def test_scaling_fit_on_chinchilla_csv(shared_data, tmp_path, cli, capsys):
     out = tmp_path / "fit"
     argv = ["scaling", "fit", str(shared_data / CHINCHILLA_CSV), "--drop-highest", "5", "--bootstrap", "50",
@@ -40,6 +41,7 @@ def test_scaling_fit_on_chinchilla_csv(shared_data, tmp_path, cli, capsys):
     assert "compute-optimal under fitted" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_single_ratio_points_warn_that_n_and_d_are_confounded(tmp_path, cli, capsys):
     rows = ["N,D,loss"] + [f"{n},{20 * n},{1.8 + 400 / n**0.34 + 2000 / (20 * n) ** 0.37}" for n in
                            (1e7, 3e7, 1e8, 3e8, 1e9, 3e9)]  # fmt: skip

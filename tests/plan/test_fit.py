@@ -63,6 +63,7 @@ def test_batched_lbfgs_solves_independent_rosenbrocks():
     assert np.all(f < 1e-10) and np.all(iters < 1000)
 
 
+@pytest.mark.slow
 def test_synthetic_law_is_recovered():
     truth = LossLaw(E=1.9, A=300.0, B=900.0, alpha=0.32, beta=0.30)
     n = np.repeat(np.geomspace(3e7, 3e9, 8), 6)
@@ -85,6 +86,7 @@ def test_too_few_points_is_a_user_error():
         fit_law(np.array([1e8] * 5), np.array([1e9] * 5), np.array([3.0, 2.5, -1.0, 2.0, 2.0]))
 
 
+@pytest.mark.slow
 def test_chinchilla_refit_recovers_published_parameters(shared_data):
     points = read_csv(shared_data / CHINCHILLA_CSV).drop_highest(5)
     assert points.n.size == 240  # "Our sample size is 240"
@@ -107,6 +109,7 @@ def test_chinchilla_refit_recovers_published_parameters(shared_data):
     assert fit.intervals["alpha"][1] == pytest.approx(EPOCH_CI["alpha"][1], abs=0.01)
 
 
+@pytest.mark.slow
 def test_all_245_points_fit_differently(shared_data):
     """The five outliers pull the fit far from the published one (README: B ~ 1.25e4, beta ~ 0.45)."""
     points = read_csv(shared_data / CHINCHILLA_CSV)

@@ -62,6 +62,7 @@ def test_run_without_a_parent_is_a_user_error(tmp_path):
         args.func(args)
 
 
+@pytest.mark.slow
 def test_run_sft_then_eval_through_the_handlers(base_run, tmp_path, capsys):
     config = tmp_path / "sft.toml"
     config.write_text(

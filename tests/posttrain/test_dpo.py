@@ -46,6 +46,7 @@ def test_dpo_loss_is_ln2_when_the_reference_is_the_policy():
     assert float(out["loss"]) == pytest.approx(math.log(2), abs=1e-7)
 
 
+@pytest.mark.slow
 def test_dpo_stage_starts_at_ln2_caches_the_reference_and_learns_the_preference(
     base_run, tmp_path, monkeypatch
 ):
@@ -75,6 +76,7 @@ def test_dpo_stage_starts_at_ln2_caches_the_reference_and_learns_the_preference(
     assert again["first_loss"] == pytest.approx(math.log(2), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_simpo_needs_no_reference_and_raises_logp_accuracy(base_run, tmp_path):
     data = _pairs(tmp_path / "pairs.jsonl")
     summary = dpo.run_dpo(_config(base_run, tmp_path / "simpo", data, loss="simpo", steps=30))

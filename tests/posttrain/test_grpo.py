@@ -48,6 +48,7 @@ def answers_seven(completion: str, item: dict) -> float:
     return 1.0 if completion.strip() == "7" else 0.0
 
 
+@pytest.mark.slow
 def test_grpo_raises_the_mean_reward_of_a_tiny_model(base_run, tmp_path):
     # A warm start that replies with numbers (as a base model has behaviours RL chooses between).
     run_sft(config_from_dict({

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from tests.helpers import build_model, tiny_model_config
 
@@ -74,6 +75,7 @@ def _sft_config(base_run, out, **optim):
     })  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sft_stage_lowers_validation_loss_and_records_the_parent(base_run, tmp_path):
     out = tmp_path / "sft"
     summary = run_sft(_sft_config(base_run, out))

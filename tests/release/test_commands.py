@@ -10,6 +10,8 @@ import pytest
 from smelt.errors import UserError
 from smelt.release import commands
 
+pytestmark = pytest.mark.slow  # the module starts a heavy shared fixture
+
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="smelt")

@@ -15,6 +15,8 @@ from smelt.release.build import release_run
 from smelt.release.data_order import RunData, check_state, write_data_order
 from smelt.tokens.batches import read_index, replay_step
 
+pytestmark = pytest.mark.slow  # the module starts a heavy shared fixture
+
 BATCH_FIELDS = ("inputs", "targets", "doc_ids", "position_ids", "cu_seqlens")
 
 

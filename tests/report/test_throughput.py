@@ -13,6 +13,7 @@ from smelt.report.run import final_metrics, load_run, throughput
 from smelt.report.single import summary_rows
 
 
+@pytest.mark.slow
 def test_report_throughput_is_the_trainers_summary(tmp_path, monkeypatch):
     from smelt.train.trainer import train
 

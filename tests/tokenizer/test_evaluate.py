@@ -57,6 +57,7 @@ def test_split_words_handles_scripts_without_spaces():
     assert words("  \t\n") == []
 
 
+@pytest.mark.slow
 def test_evaluate_texts_figures(real_tokenizer):
     tok = Tokenizer.load(real_tokenizer[0])
     result = evaluate_texts(
@@ -82,6 +83,7 @@ def test_evaluate_texts_figures(real_tokenizer):
     assert result["bytes_per_token_max_min_ratio"] >= 1.0
 
 
+@pytest.mark.slow
 def test_evaluate_tokenizers_writes_table_json_and_svg(tmp_path, real_tokenizer, real_documents):
     groups = document_groups(real_documents, "val", max_bytes_per_group=50_000)
     assert set(groups) == {"prose", "code", "multi"}
@@ -136,6 +138,7 @@ def _multilingual(shared_data: Path) -> tuple[list[tuple[str, str | None]], dict
     return train, held
 
 
+@pytest.mark.slow
 def test_language_temperature_evens_out_bytes_per_token(tmp_path, shared_data):
     """Acceptance: alpha 0.3 gives a smaller max/min bytes-per-token ratio across languages than alpha 1.0."""
     train, held = _multilingual(shared_data)

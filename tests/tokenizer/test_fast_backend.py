@@ -64,6 +64,7 @@ def _load(directory, monkeypatch, backend: str) -> Tokenizer:
 
 
 @pytest.mark.parametrize("backend", ["native", "tiktoken"])
+@pytest.mark.slow
 def test_fast_backend_matches_hf_token_for_token(backend, real_tokenizer, shared_data, monkeypatch):
     directory, _ = real_tokenizer
     fast = _load(directory, monkeypatch, backend)
@@ -96,6 +97,7 @@ def test_native_gpt2_pattern_matches_hf(real_documents, tmp_path, monkeypatch):
     assert native.encode_batch(texts) == slow.encode_batch(texts)
 
 
+@pytest.mark.slow
 def test_character_classes_follow_the_regex_engine(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     char_classes.cache_clear()

@@ -83,6 +83,7 @@ def test_a_split_that_fits_the_budget_is_drawn_whole_with_language_labels(tmp_pa
 
 @pytest.mark.parametrize("lang_alpha", [0.0, 0.3, 1.0])
 @pytest.mark.parametrize("budget", [50_000, 100_000, 200_000])
+@pytest.mark.slow
 def test_every_source_and_language_drawn_within_ten_percent(tmp_path, lang_alpha, budget):
     mixed_corpus(tmp_path)
     sample, _ = draw(tmp_path, budget, Weighting(lang_alpha=lang_alpha))

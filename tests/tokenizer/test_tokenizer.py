@@ -127,6 +127,7 @@ def test_real_bytes_per_token(real_tokenizer, real_documents):
     assert stats["val_documents"] > 0 and stats["sample_documents"] > 0
 
 
+@pytest.mark.slow
 def test_deterministic(tmp_path, synthetic_documents):
     cfg = TokenizerConfig(vocab_size=400, pad_to_multiple=64, sample_bytes=10_000, min_frequency=1)
     train_tokenizer(cfg, synthetic_documents, tmp_path / "a", seed=3)

@@ -50,6 +50,7 @@ def math_epoch_crossing(ld) -> int:
     raise AssertionError("no step crosses an epoch of math")
 
 
+@pytest.mark.slow
 def test_resume_is_exact_mid_epoch_at_stages_and_across_epochs(mixed):
     reference = loader(mixed)
     crossing = math_epoch_crossing(reference)
@@ -72,6 +73,7 @@ def test_resume_is_exact_mid_epoch_at_stages_and_across_epochs(mixed):
         restored.close()
 
 
+@pytest.mark.slow
 def test_global_batch_is_the_same_for_any_world_size_and_micro_batch(mixed):
     for step in (1, 60, 61, 120):
         whole = loader(mixed).global_batch(step)

@@ -191,6 +191,7 @@ def _tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_parallel_output_is_byte_identical_to_serial(tmp_path, documents, tokenizer_dir):
     cfg = TokensConfig(shard_tokens=70, batch_docs=3)
     serial = tokenize(cfg, documents, tokenizer_dir, tmp_path / "serial", workers=1)

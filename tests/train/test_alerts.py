@@ -60,6 +60,7 @@ def spike_at(monkeypatch, steps: set[int], micro_per_step: int) -> None:
     monkeypatch.setattr(Transformer, "forward", spiky)
 
 
+@pytest.mark.slow
 def test_grad_spike_is_skipped(data, tmp_path, monkeypatch):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {7}, micro_per_step=2)
@@ -71,6 +72,7 @@ def test_grad_spike_is_skipped(data, tmp_path, monkeypatch):  # noqa: F811
     assert summary["skipped_steps"] == 1 and summary["rollbacks"] == 0
 
 
+@pytest.mark.slow
 def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {6}, micro_per_step=2)
@@ -84,6 +86,7 @@ def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch)
     assert end["event"] == "end" and end["status"] == "ok" and end["rollbacks"] == 1
 
 
+@pytest.mark.slow
 def test_rollback_without_a_checkpoint_falls_back_to_skip(data, tmp_path, monkeypatch):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {3}, micro_per_step=2)
@@ -102,6 +105,7 @@ def test_spike_statistics_start_after_warmup():
     assert _alert_policy(tc, 25).min_history == 45  # grad norms swing while the LR ramps
 
 
+@pytest.mark.slow
 def test_fp16_overflow_skips_the_update_and_halves_the_loss_scale(data, tmp_path, monkeypatch):  # noqa: F811
     # fp16 is refused on CPU by configuration; the loss-scaling path itself runs on CPU autocast.
     from smelt.train import trainer

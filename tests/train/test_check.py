@@ -1,5 +1,6 @@
 """`smelt train --check`: the pilot checks pass on a healthy setup and catch a broken one."""
 
+import pytest
 import torch
 
 from smelt.model.transformer import Transformer
@@ -8,6 +9,7 @@ from smelt.train.check import pilot_checks
 from .test_trainer import data, tiny_config  # noqa: F401 - the data fixture
 
 
+@pytest.mark.slow
 def test_pilot_checks_pass_on_a_healthy_tiny_model(data, monkeypatch):  # noqa: F811
     tokens, tokenizer = data
     monkeypatch.setattr("smelt.train.check.OVERFIT_LR", 3e-3)  # a tiny model overfits faster

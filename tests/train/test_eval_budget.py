@@ -171,6 +171,7 @@ def test_validation_headline_is_the_mixture_weighted_mean_of_the_sources(two_sou
     assert fields["val_loss_by_source"] == by_source and fields["val_loss_weighting"] == "mixture"
 
 
+@pytest.mark.slow
 def test_trainer_logs_the_weighted_headline_and_skips_evaluations_over_budget(two_sources, tmp_path):
     tokens, tokenizer = two_sources
     # A budget no evaluation fits in: every periodic one is skipped, the final one still runs.

@@ -67,6 +67,7 @@ def losses(found: list[dict]) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("async_save", [True, False])
+@pytest.mark.slow
 def test_steps_after_the_checkpoint_are_logged_once(tmp_path, monkeypatch, async_save):
     tokens, tokenizer = write_token_data(tmp_path)
     cfg = config(tmp_path, async_save=async_save)
@@ -108,6 +109,7 @@ def test_steps_after_the_checkpoint_are_logged_once(tmp_path, monkeypatch, async
     assert [p.value for p in points] == pytest.approx([losses(reference)[s] for s in range(1, STEPS + 1)])
 
 
+@pytest.mark.slow
 def test_the_live_tensorboard_view_drops_the_dead_runs_points(tmp_path, monkeypatch):
     tokens, tokenizer = write_token_data(tmp_path)
     cfg = config(tmp_path)
@@ -128,6 +130,7 @@ def test_the_live_tensorboard_view_drops_the_dead_runs_points(tmp_path, monkeypa
     )
 
 
+@pytest.mark.slow
 def test_a_run_resumed_at_its_final_checkpoint_logs_the_end_once(tmp_path):
     tokens, tokenizer = write_token_data(tmp_path)
     cfg = config(tmp_path)
@@ -164,6 +167,7 @@ def test_without_an_offset_the_step_decides(tmp_path):
     assert supersede_after_resume(path, 3, offset=5) == 3
 
 
+@pytest.mark.slow
 def test_resume_from_an_earlier_step_sets_later_checkpoints_aside(tmp_path, monkeypatch):
     tokens, tokenizer = write_token_data(tmp_path)
     cfg = config(tmp_path)

@@ -117,6 +117,7 @@ def test_backoff_and_exit_descriptions():
         supervise(["true"], Path("."), Path("x"), -1)
 
 
+@pytest.mark.slow
 def test_cli_supervised_train_without_inputs_stops_on_bad_input(tmp_path, capsys):
     # End to end through `smelt train`: the child is the real CLI, which has no tokens to train on.
     config = tmp_path / "pipeline.toml"

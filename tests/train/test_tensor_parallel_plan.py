@@ -32,6 +32,7 @@ def tensor_parallel_recommendation(monkeypatch):
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_recommended_tensor_parallel_layout_passes_train_check(data, monkeypatch):  # noqa: F811
     tokens, tokenizer = data
     rec = tensor_parallel_recommendation(monkeypatch)

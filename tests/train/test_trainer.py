@@ -50,6 +50,7 @@ def fixed_peak(monkeypatch):
     monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
 
 
+@pytest.mark.slow
 def test_train_end_to_end(data, tmp_path):
     tokens, tokenizer = data
     out = tmp_path / "run"
@@ -145,6 +146,7 @@ def test_train_end_to_end(data, tmp_path):
     assert all(0 <= r["stall_s"] <= r["write_s"] for r in saves)
 
 
+@pytest.mark.slow
 def test_bitwise_identical_runs(data, tmp_path):
     tokens, tokenizer = data
     cfg = tiny_config(tokens=256 * 6, log_every=1, eval_every=0, precision="bf16")
@@ -167,6 +169,7 @@ def test_missing_val_split_skips_validation(data, tmp_path):
     assert all(r["clipped"] is False for r in lines if r["kind"] == "train")
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_event(data, tmp_path, monkeypatch):
     tokens, tokenizer = data
     real_forward = Transformer.forward
@@ -192,6 +195,7 @@ def test_nan_loss_stops_with_event(data, tmp_path, monkeypatch):
         train(tiny_config(on_nonfinite="stop"), tokens, tokenizer, tmp_path / "stop")
 
 
+@pytest.mark.slow
 def test_grad_accumulation_matches_one_big_batch(data, tmp_path):
     tokens, tokenizer = data
     # 2 micro batches of 4 vs 1 of 8 see the same 8 windows in the same order: same first loss.
@@ -210,6 +214,7 @@ def test_grad_accumulation_matches_one_big_batch(data, tmp_path):
     assert a["final_train_loss"] == pytest.approx(b["final_train_loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_z_loss_is_optimized_but_the_logged_loss_is_cross_entropy(data, tmp_path):
     tokens, tokenizer = data
     plain, with_z = tiny_config(), tiny_config()
@@ -237,6 +242,7 @@ def train_figures(records: list[dict], after: int) -> list[dict]:
     ]
 
 
+@pytest.mark.slow
 def test_resume_across_a_stage_boundary_replays_nothing(data, tmp_path):
     tokens, tokenizer = data
     write_split(tokens, "train", 300, seed=5, source="other")
@@ -276,6 +282,7 @@ def test_resume_across_a_stage_boundary_replays_nothing(data, tmp_path):
     assert [r["stage"] for r in lines if r.get("event") == "stage"] == ["focus"]
 
 
+@pytest.mark.slow
 def test_resume_auto_without_checkpoint_starts_fresh_and_a_finished_run_only_finishes(data, tmp_path):
     tokens, tokenizer = data
     cfg = tiny_config(tokens=256 * 2, eval_every=0)
@@ -297,6 +304,7 @@ def test_resume_auto_without_checkpoint_starts_fresh_and_a_finished_run_only_fin
 
 
 @pytest.mark.parametrize("masking", [True, False])
+@pytest.mark.slow
 def test_doc_masking_feeds_document_boundaries(data, tmp_path, monkeypatch, masking):
     tokens, tokenizer = data
     seen = []
@@ -317,6 +325,7 @@ def test_doc_masking_feeds_document_boundaries(data, tmp_path, monkeypatch, mask
         assert all(d is None for d in seen)
 
 
+@pytest.mark.slow
 def test_batch_ramp_run_logs_growing_batches_and_resumes_mid_ramp_exactly(data, tmp_path):
     tokens, tokenizer = data
     cfg = tiny_config(

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from smelt.train.watchdog import WATCHDOG_EXIT_CODE, Watchdog, format_all_stacks
 
 PRELUDE = """
@@ -25,6 +27,7 @@ def run_child(body: str, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_hang_is_killed_with_all_stacks_in_stderr_and_log(tmp_path):
     log = tmp_path / "train" / "watchdog.log"
     result = run_child(
@@ -51,6 +54,7 @@ def test_hang_is_killed_with_all_stacks_in_stderr_and_log(tmp_path):
         assert "faulthandler" in output and "Thread 0x" in output  # the C-level dump too
 
 
+@pytest.mark.slow
 def test_beats_keep_it_alive_and_stop_disarms_the_backstop():
     result = run_child(
         """
@@ -68,6 +72,7 @@ def test_beats_keep_it_alive_and_stop_disarms_the_backstop():
     assert "watchdog" not in result.stderr
 
 
+@pytest.mark.slow
 def test_hang_holding_the_gil_is_caught_by_the_backstop():
     # Catastrophic regex backtracking runs in C without releasing the GIL, so the Python
     # watchdog thread starves; faulthandler's C timer must still dump and end the process.

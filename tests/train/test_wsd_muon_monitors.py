@@ -62,6 +62,7 @@ def test_newton_schulz_orthogonalises():
     assert torch.linalg.svdvals(g).max() / torch.linalg.svdvals(g).min() > 2
 
 
+@pytest.mark.slow
 def test_muon_trains_and_monitor_logs_update_ratios(data, tmp_path):  # noqa: F811
     tokens, tokenizer = data
     cfg = tiny_config(optimizer="muon", muon_lr=0.02, monitor_every=4, eval_every=0, schedule="wsd")
@@ -101,6 +102,7 @@ def test_bad_wsd_decay_start_is_a_config_error(data, tmp_path):  # noqa: F811
         train(tiny_config(schedule="wsd", decay_start_step=100), tokens, tokenizer, tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_val_loss_per_source_and_rewarmup_at_a_stage_boundary(data, tmp_path):  # noqa: F811
     from smelt.config import StageConfig
 
