@@ -79,7 +79,14 @@ def context_figures(run: Path, checkpoint: Path, extended: bool, seq_len: int = 
     torch.manual_seed(0)
     passkey = evaluate_passkey(model, tokenizer, PASSKEY_LENGTHS)
     heldout = heldout_bits_per_byte(
-        model, run / "tokens", run / "documents", tokenizer.eos_id, seq_len, 4, 200_000, doc_masking=True,
+        model,
+        run / "tokens",
+        run / "documents",
+        tokenizer.eos_id,
+        seq_len,
+        4,
+        200_000,
+        doc_masking=True,
         trained_at=(256,),
     )
     loss_beyond, tokens_beyond = beyond(heldout, 256)

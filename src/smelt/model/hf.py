@@ -193,7 +193,9 @@ def _tokenizer_files(tokenizer_dir: Path, out_dir: Path, max_len: int) -> dict[s
         # refuses: `model.generate(**tokenizer(text, return_tensors="pt"))` must just work.
         "model_input_names": ["input_ids", "attention_mask"],
     }
-    from smelt.posttrain.template import chat_template_fields  # the chat format, as apply_chat_template reads it
+    from smelt.posttrain.template import (
+        chat_template_fields,  # the chat format, as apply_chat_template reads it
+    )
 
     tokenizer_config.update(chat_template_fields(info))
     (out_dir / "tokenizer_config.json").write_text(
