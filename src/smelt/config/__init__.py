@@ -248,7 +248,9 @@ class TrainConfig:
         "ddp", choices=("ddp", "fsdp"), help="data parallelism under torchrun: DDP or FSDP2 (fully_shard)"
     )
     expert_parallel: int = option(
-        1, range=(1, 4096), help="MoE experts split over this many processes (1: off; else the world size, fsdp)"
+        1,
+        range=(1, 4096),
+        help="MoE experts split over this many processes (1: off; else the world size, fsdp)",
     )
     tensor_parallel: int = option(
         1, range=(1, 1024), help='tensor-parallel degree, the "tp" mesh dimension (1: off)'
