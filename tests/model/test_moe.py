@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 from helpers import build_model, tiny_model_config
 from smelt.config import load_config
+from smelt.config.moe import moe_layers
 from smelt.errors import ConfigError
 from smelt.model import moe as moe_module
 from smelt.model.moe import MoE, router_metrics, update_expert_bias
-from smelt.model.moe_config import moe_layers
 from smelt.model.transformer import MLP
 
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from smelt.chat_template import ChatFormat, chat_template_fields
 from smelt.errors import UserError
 from smelt.posttrain.chat import final_number, gsm8k_item, hh_pair, read_chat
-from smelt.posttrain.template import ChatFormat, chat_template_fields
 from smelt.tokenizer.load import Tokenizer
 
 CONVERSATION = [

@@ -7,7 +7,7 @@ import json
 import pytest
 from tests.helpers import build_model, tiny_model_config
 
-from smelt.posttrain.template import ChatFormat
+from smelt.chat_template import ChatFormat
 from smelt.tokenizer.load import Tokenizer
 
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 from tests.helpers import build_model, tiny_model_config
 
+from smelt.chat_template import ChatFormat
 from smelt.model.transformer import IGNORE_INDEX
 from smelt.posttrain.config import config_from_dict
 from smelt.posttrain.sft import masked_loss, pack, run_sft
-from smelt.posttrain.template import ChatFormat
 from smelt.tokenizer.load import Tokenizer
 
 

@@ -42,9 +42,9 @@ from smelt.config.data import (  # noqa: F401  (smelt.config is where every sect
 )
 from smelt.config.env import expand_env
 from smelt.config.fields import option
+from smelt.config.moe import check_expert_parallel, check_moe
 from smelt.config.presets import MODEL_PRESETS
 from smelt.errors import ConfigError
-from smelt.model.moe_config import check_expert_parallel, check_moe
 
 
 @dataclass
@@ -180,7 +180,7 @@ class ModelConfig:
         choices=("auto", "sdpa", "flex"),
         help="document-masked attention kernel: flex (BlockMask), sdpa (dense mask); auto: flex on CUDA",
     )
-    # Mixture of experts (docs/moe.md; checked by smelt.model.moe_config.check_moe).
+    # Mixture of experts (docs/moe.md; checked by smelt.config.moe.check_moe).
     moe_experts: int = option(0, range=(0, 4096), help="routed experts per MoE layer (0: dense model)")
     moe_top_k: int = option(2, range=(1, 4096), help="experts each token is routed to")
     moe_d_ff: int = option(0, range=(0, 10**6), help="hidden size of each expert (0: the dense d_ff)")

@@ -26,7 +26,7 @@ def count_params(cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
     one token uses: on MoE layers the router, its top-k routed experts and the shared experts, not
     the other experts (for a dense model active = total).
     """
-    from smelt.model.moe_config import moe_layers
+    from smelt.config.moe import moe_layers
 
     d = cfg.d_model
     head_dim = head_dim_of(cfg)

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from smelt.config import ModelConfig
+from smelt.config.moe import is_moe_layer
 from smelt.errors import UserError
 from smelt.model.flops import head_dim_of, resolved_d_ff
 from smelt.model.hf_moe import ARCHITECTURES as MOE_ARCHITECTURES
@@ -41,7 +42,6 @@ from smelt.model.hf_moe import (
     moe_model_type,
 )
 from smelt.model.moe import MoE
-from smelt.model.moe_config import is_moe_layer
 from smelt.model.rope import hf_rope_fields, rope_from_hf
 from smelt.model.transformer import Transformer
 
@@ -193,7 +193,7 @@ def _tokenizer_files(tokenizer_dir: Path, out_dir: Path, max_len: int) -> dict[s
         # refuses: `model.generate(**tokenizer(text, return_tensors="pt"))` must just work.
         "model_input_names": ["input_ids", "attention_mask"],
     }
-    from smelt.posttrain.template import (
+    from smelt.chat_template import (
         chat_template_fields,  # the chat format, as apply_chat_template reads it
     )
 

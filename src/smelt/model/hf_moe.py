@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from smelt.config import ModelConfig
+from smelt.config.moe import is_moe_layer
 from smelt.errors import UserError
-from smelt.model.moe_config import is_moe_layer
 
 MOE_TYPES = ("qwen3_moe", "mixtral")
 ARCHITECTURES = {"qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM"}

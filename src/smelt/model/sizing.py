@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from smelt.config import ModelConfig
+from smelt.config.moe import moe_layers
 from smelt.config.presets import MODEL_PRESETS
 from smelt.errors import UserError
 from smelt.model.flops import count_params, flops_per_token, head_dim_of, resolved_d_ff
-from smelt.model.moe_config import moe_layers
 
 DEFAULT_VOCAB = 32_768
 

@@ -24,10 +24,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from smelt.config import ModelConfig
+from smelt.config.moe import is_moe_layer
 from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
 from smelt.model.flops import head_dim_of, resolved_d_ff
 from smelt.model.moe import MoE
-from smelt.model.moe_config import is_moe_layer
 from smelt.model.rope import apply_rope, model_rope_table, rope_table  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:

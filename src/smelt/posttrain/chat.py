@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from smelt.chat_template import ROLES
 from smelt.errors import UserError
 
-ROLES = ("system", "user", "assistant", "tool")
 _CALC = re.compile(r"<<[^<>]*>>")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _HH_TURN = re.compile(r"\n\n(Human|Assistant): ")

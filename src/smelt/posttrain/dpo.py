@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from smelt.chat_template import ChatFormat
 from smelt.config import hash_json
 from smelt.model.transformer import IGNORE_INDEX
 from smelt.posttrain.config import DPOSection, PostTrainConfig
@@ -36,7 +37,6 @@ from smelt.posttrain.stage import (
     start_event,
     timed,
 )
-from smelt.posttrain.template import ChatFormat
 from smelt.progress import log, progress
 
 REFERENCE_FILE = "reference_logps.json"

@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
+from smelt.chat_template import ChatFormat
 from smelt.model.generate import generate
 from smelt.posttrain.chat import final_number, normalize_number, prompt_of, read_gsm8k
 from smelt.posttrain.rewards import Reward
-from smelt.posttrain.template import ChatFormat
 
 GALLERY_PROMPTS = (
     "What is 17+25?",

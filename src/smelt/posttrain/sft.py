@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from smelt.chat_template import ChatFormat, Encoded
 from smelt.model.transformer import IGNORE_INDEX, position_ids_from_doc_ids
 from smelt.posttrain.config import PostTrainConfig
 from smelt.posttrain.data import read_items, split_heldout
@@ -28,7 +29,6 @@ from smelt.posttrain.stage import (
     start_event,
     timed,
 )
-from smelt.posttrain.template import ChatFormat, Encoded
 from smelt.progress import log, progress
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from smelt.chat_template import ChatFormat
 from smelt.checkpoint.lineage import Parent, load_parent, resolve_parent
 from smelt.checkpoint.store import read_meta, save_checkpoint
 from smelt.config import ModelConfig, TrainConfig, hash_json
@@ -29,7 +30,6 @@ from smelt.lifecycle import committed_checkpoints, move_aside
 from smelt.manifest import code_version, library_versions, write_json
 from smelt.model.transformer import Transformer
 from smelt.posttrain.config import PostTrainConfig
-from smelt.posttrain.template import ChatFormat
 from smelt.progress import log
 from smelt.tokenizer.load import Tokenizer
 from smelt.train.distributed import clip_grads_, global_grad_norm

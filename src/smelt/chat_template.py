@@ -1,4 +1,4 @@
-"""One chat template on the tokenizer's reserved role tokens, as token ids with loss masks and as the
+"""The chat format (a neutral contract, like documents.py): one chat template on the tokenizer's reserved role tokens, as token ids with loss masks and as the
 Jinja `chat_template` of an exported tokenizer_config.json.
 
 A conversation is `EOS`, then for each message `<|role|>content<|end_of_turn|>`; a generation prompt
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from smelt.errors import UserError
-from smelt.posttrain.chat import ROLES
+
+# The roles a message may have; the chat readers and the template agree on them.
+ROLES = ("system", "user", "assistant", "tool")
 
 END_OF_TURN = "<|end_of_turn|>"
 
