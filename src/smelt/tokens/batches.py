@@ -30,12 +30,12 @@ import numpy as np
 
 from smelt.errors import UserError
 from smelt.layout import step_dir_name
+from smelt.tokens.decoded import decode_segments, segment_starts
 from smelt.tokens.shards import ShardSet
 
 ORDER_DIR = "data_order"
 INDEX = "index.json"
 FORMAT = 1
-BOUNDARY = "\n┄┄┄┄ document boundary (position {position}) ┄┄┄┄\n"
 
 
 def order_file_name(step: int) -> str:
@@ -309,22 +309,14 @@ def describe_replay(order_dir: Path, step: int, tokens_dir: Path, tokenizer_dir:
         f"showing rows 0..{len(shown) - 1}",
     ]
     for r, record in enumerate(shown):
-        doc_ids = batch.doc_ids[r].numpy()
-        starts = [0, *(np.flatnonzero(np.diff(doc_ids)) + 1).tolist()]
+        starts = segment_starts(batch.doc_ids[r].numpy())
         ranges = ", ".join(f"{rel} [{off:,}, {off + n:,})" for rel, off, n in record["ranges"])
         lines.append(
             f"\n──────── row {record['row']}: {record['source']} sequence {record['sequence']} (epoch "
             f"{record['epoch']}), {ranges}, {len(starts)} document segment(s)"
             f"{', FIM' if batch.fim[r] else ''} ────────"
         )
-        tokens = batch.inputs[r].numpy()
-        pieces = []
-        for k, lo in enumerate(starts):
-            hi = starts[k + 1] if k + 1 < len(starts) else len(tokens)
-            if k:
-                pieces.append(BOUNDARY.format(position=lo))
-            pieces.append(tokenizer.decode(tokens[lo:hi]))
-        lines.append("".join(pieces))
+        lines.append(decode_segments(tokenizer, batch.inputs[r].numpy(), starts))
     return "\n".join(lines) + "\n"
 
 

@@ -103,6 +103,22 @@ def describe_window(
 SEGMENT = "\n┄┄┄┄ document boundary (position {position}) ┄┄┄┄\n"
 
 
+def segment_starts(doc_ids: np.ndarray) -> list[int]:
+    """Positions where a packed row's document segments begin (the first is 0)."""
+    return [0, *(np.flatnonzero(np.diff(doc_ids)) + 1).tolist()]
+
+
+def decode_segments(tokenizer: Tokenizer, tokens: np.ndarray, starts: list[int]) -> str:
+    """A packed row as text, its document segments separated by a boundary line naming the position."""
+    pieces = []
+    for k, lo in enumerate(starts):
+        hi = starts[k + 1] if k + 1 < len(starts) else len(tokens)
+        if k:
+            pieces.append(SEGMENT.format(position=lo))
+        pieces.append(tokenizer.decode(tokens[lo:hi]))
+    return "".join(pieces)
+
+
 def describe_batch(
     cfg: Config,
     step: int,
@@ -140,20 +156,12 @@ def describe_batch(
         f"(rank r of W trains on rows [r B/W, (r+1) B/W); showing rows 0..{shown - 1})",
     ]
     for row in range(shown):
-        doc_ids = batch.doc_ids[row].numpy()
-        starts = [0, *(np.flatnonzero(np.diff(doc_ids)) + 1).tolist()]
+        starts = segment_starts(batch.doc_ids[row].numpy())
         sequence = int(batch.sequences[row])
         lines.append(
             f"\n──────── row {row}: {batch.sources[row]} sequence {sequence} (epoch {int(batch.epochs[row])}), "
             f"source tokens [{sequence * plan.seq_len:,}, {(sequence + 1) * plan.seq_len + 1:,}), "
             f"{len(starts)} document segment(s){', FIM' if batch.fim[row] else ''} ────────"
         )
-        tokens = batch.inputs[row].numpy()
-        pieces = []
-        for k, lo in enumerate(starts):
-            hi = starts[k + 1] if k + 1 < len(starts) else len(tokens)
-            if k:
-                pieces.append(SEGMENT.format(position=lo))
-            pieces.append(tokenizer.decode(tokens[lo:hi]))
-        lines.append("".join(pieces))
+        lines.append(decode_segments(tokenizer, batch.inputs[row].numpy(), starts))
     return "\n".join(lines) + "\n"
