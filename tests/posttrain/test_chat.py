@@ -29,9 +29,11 @@ def test_template_round_trips_through_transformers_apply_chat_template(tokenizer
     hf.chat_template = chat_template_fields(info)["chat_template"]
     for messages in (CONVERSATION, CONVERSATION[1:2], [{"role": "user", "content": ""}]):
         ours = chat.encode(messages).ids
-        theirs = hf.apply_chat_template(messages, tokenize=True)
+        theirs = hf.apply_chat_template(messages, tokenize=True, return_dict=False)
         assert list(theirs) == ours
-        with_prompt = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+        with_prompt = hf.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
         assert list(with_prompt) == chat.prompt_ids(messages)
     assert chat.prompt_ids(CONVERSATION[:2])[-1] == tokenizer.token_to_id("<|assistant|>")
 

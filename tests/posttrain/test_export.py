@@ -24,6 +24,10 @@ def test_exported_tokenizer_config_carries_the_chat_template(tokenizer_dir, tmp_
         {"role": "user", "content": "Natalia sold 48 clips in April. How many in May?"},
         {"role": "assistant", "content": "She sold 48/2 = 24 clips in May.\n#### 24"},
     ]
-    assert list(hf.apply_chat_template(messages, tokenize=True)) == chat.encode(messages).ids
-    prompt = hf.apply_chat_template(messages[:2], tokenize=True, add_generation_prompt=True)
+    assert (
+        list(hf.apply_chat_template(messages, tokenize=True, return_dict=False)) == chat.encode(messages).ids
+    )
+    prompt = hf.apply_chat_template(
+        messages[:2], tokenize=True, add_generation_prompt=True, return_dict=False
+    )
     assert list(prompt) == chat.prompt_ids(messages[:2])
