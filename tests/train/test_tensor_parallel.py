@@ -163,6 +163,14 @@ def tp_config(**train) -> Config:
     return config_from_dict(raw)
 
 
+def test_mesh_coordinates_put_tp_innermost_and_pp_outermost():
+    layout = MeshLayout(dp_shard=2, tp=2, pp=2)
+    assert layout.world_size == 8 and layout.shape == (2, 1, 2, 1, 2)
+    assert layout.coordinates(5) == {"pp": 1, "dp_replicate": 0, "dp_shard": 0, "cp": 0, "tp": 1}
+    assert [layout.data_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert MeshLayout(dp_replicate=2, cp=2).describe() == "dp_replicate 2 x dp_shard 1 x cp 2 x tp 1"
+
+
 def test_layout_replicates_or_shards_the_data_parallel_ranks():
     assert layout_for(tp_config(parallel="fsdp", tensor_parallel=2), 4) == MeshLayout(dp_shard=2, tp=2)
     assert layout_for(tp_config(parallel="ddp", tensor_parallel=2), 8) == MeshLayout(dp_replicate=4, tp=2)
@@ -173,9 +181,14 @@ def test_layout_replicates_or_shards_the_data_parallel_ranks():
 @pytest.mark.parametrize(
     ("train", "world", "names"),
     [
-        ({"tensor_parallel": 4}, 6, ["train.tensor_parallel = 4 does not divide the 6 processes"]),
-        ({"tensor_parallel": 2}, 1, ["train.tensor_parallel = 2 splits the model over 2 processes",
-                                     "torchrun --nproc-per-node 2"]),
+        ({"tensor_parallel": 4}, 6, ["train.tensor_parallel (4) = 4 processes per model replica, which does "
+                                     "not divide the 6 processes"]),
+        ({"tensor_parallel": 2}, 1, ["does not divide the 1 processes", "torchrun --nproc-per-node 2"]),
+        ({"tensor_parallel": 2, "context_parallel": 2}, 6, ["train.context_parallel (2) x train.tensor_parallel "
+                                                            "(2) = 4 processes"]),
+        ({"context_parallel": 2, "seq_len": 30}, 2, ["train.seq_len (30) is not a multiple of 4"]),
+        ({"pipeline_parallel": 2, "pipeline_schedule": "interleaved_1f1b"}, 2, ["needs 4 stages",
+                                                                                "model.n_layers is 2"]),
         ({"tensor_parallel": 2, "data_parallel": 4}, 4, ["train.data_parallel (4) x train.tensor_parallel (2)",
                                                          "Set train.data_parallel = 2"]),
         ({"tensor_parallel": 8}, 8, ["model.n_heads (4) and model.n_kv_heads (2)"]),

@@ -256,7 +256,20 @@ class TrainConfig:
         1, range=(1, 1024), help='tensor-parallel degree, the "tp" mesh dimension (1: off)'
     )
     data_parallel: int = option(
-        0, range=(0, 10**6), help="data-parallel degree (0: every process left, world / tensor_parallel)"
+        0,
+        range=(0, 10**6),
+        help="data-parallel degree (0: every process left, world / (pipeline x context x tensor parallel))",
+    )
+    pipeline_parallel: int = option(
+        1, range=(1, 1024), help='pipeline-parallel degree, the "pp" mesh dimension: stages of layers (1: off)'
+    )
+    pipeline_schedule: str = option(
+        "1f1b",
+        choices=("gpipe", "1f1b", "interleaved_1f1b"),
+        help="pipeline schedule of the micro batches (interleaved: two stages of layers per process)",
+    )
+    context_parallel: int = option(
+        1, range=(1, 1024), help='context-parallel degree, the "cp" mesh dimension: sequence chunks (1: off)'
     )
     schedule: str = option(
         "cosine",

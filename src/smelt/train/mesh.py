@@ -1,20 +1,23 @@
 """The device mesh: how the processes of a launch divide the work, by named dimension.
 
-Dimensions, outermost first: "dp_replicate" (data-parallel replicas, gradients all-reduced),
-"dp_shard" (data-parallel ranks that shard weights, gradients and optimizer state: FSDP2) and "tp"
-(tensor parallelism: each weight matrix split over the ranks of one group, activations exchanged
-inside every layer). "tp" is innermost so that a tensor-parallel group is a run of consecutive ranks,
-the ranks of one node under torchrun. Pipeline ("pp") and context ("cp") dimensions are not built yet;
-they take their place between "dp_shard" and "tp" when they are.
+Dimensions, outermost first (torchtitan's order):
+- "pp": pipeline parallelism, the layers split into stages that pass activations point to point
+  (outermost: its traffic is the lightest, so its groups may span nodes);
+- "dp_replicate": data-parallel replicas, gradients all-reduced;
+- "dp_shard": data-parallel ranks that shard weights, gradients and optimizer state (FSDP2);
+- "cp": context parallelism, each sequence split into chunks over the ranks of a group;
+- "tp": tensor parallelism, each weight matrix split over the ranks of a group, activations exchanged
+  inside every layer; innermost so that a tensor-parallel group is a run of consecutive ranks, the
+  ranks of one node under torchrun.
 
 The `[train]` keys:
-- `train.tensor_parallel = T`: the size of "tp" (1: off);
-- `train.data_parallel = D`: the data-parallel degree (0: every process left, world / T);
+- `train.tensor_parallel = T`, `train.context_parallel = C`, `train.pipeline_parallel = P`: the sizes
+  of "tp", "cp" and "pp" (1: off);
+- `train.data_parallel = D`: the data-parallel degree (0: every process left, world / (P x C x T));
 - `train.parallel = "ddp" | "fsdp"`: whether the D data-parallel ranks replicate ("dp_replicate" = D)
   or shard ("dp_shard" = D).
-The product D x T must equal the world size. Without tensor parallelism (T = 1) the trainer keeps
-its DDP / FSDP2 paths on the whole world; with it, the data-parallel ranks are FSDP2 over the
-("dp_replicate", "dp_shard") sub-mesh, which replicates when "dp_shard" is 1 (HSDP with shards of one).
+The product P x D x C x T must equal the world size. Ranks that differ only in "pp", "cp" or "tp"
+read the same batch rows (`data_rank`); the data-parallel group sums token counts and losses.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 from smelt.config import Config
 from smelt.errors import ConfigError
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 
 
 @dataclass(frozen=True)
@@ -38,50 +41,109 @@ class MeshLayout:
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
+    pp: int = 1
+    cp: int = 1
 
     @property
     def dp(self) -> int:
         return self.dp_replicate * self.dp_shard
 
     @property
+    def model_parallel(self) -> int:
+        """The processes that share one batch row: pipeline x context x tensor."""
+        return self.pp * self.cp * self.tp
+
+    @property
     def world_size(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.model_parallel
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (self.dp_replicate, self.dp_shard, self.tp)
+        return (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp)
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """`rank`'s index along every dimension (row-major over MESH_DIMS, as init_device_mesh lays it out)."""
+        out = {}
+        for name, size in reversed(list(zip(MESH_DIMS, self.shape, strict=True))):
+            rank, out[name] = divmod(rank, size)
+        return {name: out[name] for name in MESH_DIMS}
+
+    def data_rank(self, rank: int) -> int:
+        """`rank`'s index among the data-parallel ranks: which batch rows it reads."""
+        at = self.coordinates(rank)
+        return at["dp_replicate"] * self.dp_shard + at["dp_shard"]
 
     def describe(self) -> str:
-        return f"dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} x tp {self.tp}"
+        parts = [f"pp {self.pp}"] if self.pp > 1 else []
+        parts += [f"dp_replicate {self.dp_replicate}", f"dp_shard {self.dp_shard}"]
+        parts += [f"cp {self.cp}"] if self.cp > 1 else []
+        return " x ".join([*parts, f"tp {self.tp}"])
 
 
 def layout_for(cfg: Config, world_size: int) -> MeshLayout:
     """The mesh of `world_size` processes the `[train]` keys ask for; ConfigError when it cannot be."""
     tc = cfg.train
-    tp, dp = tc.tensor_parallel, tc.data_parallel
-    if world_size < tp:
-        raise ConfigError(
-            f"train.tensor_parallel = {tp} splits the model over {tp} processes, but this launch has "
-            f"{world_size}. Launch with `torchrun --nproc-per-node {tp} -m smelt.cli train CONFIG` (or a "
-            f"multiple of {tp}), or set train.tensor_parallel = 1."
+    tp, cp, pp, dp = tc.tensor_parallel, tc.context_parallel, tc.pipeline_parallel, tc.data_parallel
+    inner = tp * cp * pp
+    named = (
+        " x ".join(
+            f"train.{key} ({size})"
+            for key, size in (("pipeline_parallel", pp), ("context_parallel", cp), ("tensor_parallel", tp))
+            if size > 1
         )
-    if world_size % tp:
+        or "train.tensor_parallel (1)"
+    )
+    if world_size < inner or world_size % inner:
         raise ConfigError(
-            f"train.tensor_parallel = {tp} does not divide the {world_size} processes of this launch: the "
-            f"processes form data-parallel groups of {tp}. Launch a multiple of {tp} processes or set "
-            f"train.tensor_parallel to a divisor of {world_size}."
+            f"{named} = {inner} processes per model replica, which does not divide the {world_size} "
+            f"processes of this launch. Launch a multiple of {inner} processes "
+            f"(`torchrun --nproc-per-node {inner} -m smelt.cli train CONFIG`), or lower those keys."
         )
-    if dp and dp * tp != world_size:
+    if dp and dp * inner != world_size:
         raise ConfigError(
-            f"train.data_parallel ({dp}) x train.tensor_parallel ({tp}) = {dp * tp} processes, but this launch "
-            f"has {world_size}. Set train.data_parallel = {world_size // tp} (or 0: every process left), or "
-            f"launch {dp * tp} processes (torchrun --nproc_per_node / --nnodes)."
+            f"train.data_parallel ({dp}) x {named} = {dp * inner} processes, but this launch has {world_size}. "
+            f"Set train.data_parallel = {world_size // inner} (or 0: every process left), or launch "
+            f"{dp * inner} processes (torchrun --nproc_per_node / --nnodes)."
         )
-    dp = world_size // tp
+    dp = world_size // inner
     check_tensor_parallel(cfg)
+    check_pipeline_parallel(cfg)
+    check_context_parallel(cfg)
     if tc.parallel == "fsdp":
-        return MeshLayout(dp_shard=dp, tp=tp)
-    return MeshLayout(dp_replicate=dp, tp=tp)
+        return MeshLayout(dp_shard=dp, tp=tp, pp=pp, cp=cp)
+    return MeshLayout(dp_replicate=dp, tp=tp, pp=pp, cp=cp)
+
+
+def check_pipeline_parallel(cfg: Config) -> None:
+    """ConfigError unless the model's layers split into train.pipeline_parallel stages."""
+    pp, m, tc = cfg.train.pipeline_parallel, cfg.model, cfg.train
+    if pp == 1:
+        return
+    stages = pp * (2 if tc.pipeline_schedule == "interleaved_1f1b" else 1)
+    if m.n_layers < stages:
+        raise ConfigError(
+            f"train.pipeline_parallel = {pp} with train.pipeline_schedule = {tc.pipeline_schedule!r} needs "
+            f"{stages} stages of at least one layer each, but model.n_layers is {m.n_layers}. Lower "
+            f"train.pipeline_parallel or use the '1f1b' schedule."
+        )
+    raise ConfigError(
+        f"train.pipeline_parallel = {pp}: pipeline parallelism is not built yet; set it to 1 "
+        f"(FSDP2 with train.parallel = 'fsdp', or train.tensor_parallel, split a model over processes)."
+    )
+
+
+def check_context_parallel(cfg: Config) -> None:
+    """ConfigError unless each sequence splits into 2 x train.context_parallel equal chunks (load balance)."""
+    cp, tc = cfg.train.context_parallel, cfg.train
+    if cp == 1:
+        return
+    if tc.seq_len % (2 * cp):
+        raise ConfigError(
+            f"train.context_parallel = {cp} splits each sequence into {2 * cp} chunks (two per rank, one "
+            f"early and one late, so causal attention costs every rank the same), but train.seq_len "
+            f"({tc.seq_len}) is not a multiple of {2 * cp}."
+        )
+    raise ConfigError(f"train.context_parallel = {cp}: context parallelism is not built yet; set it to 1.")
 
 
 def check_tensor_parallel(cfg: Config) -> None:
@@ -124,17 +186,17 @@ def check_tensor_parallel(cfg: Config) -> None:
 def check_layout_keys(cfg: Config) -> str:
     """Check the mesh keys without a launch (`smelt train --check`); returns what to launch.
 
-    The world size is the one the keys name: data_parallel x tensor_parallel, or tensor_parallel
-    alone when data_parallel is 0 (the smallest launch the keys allow).
+    The world size is the one the keys name: data_parallel x pipeline x context x tensor parallel, or
+    the last three alone when data_parallel is 0 (the smallest launch the keys allow).
     """
     tc = cfg.train
-    world = (tc.data_parallel or 1) * tc.tensor_parallel
+    world = (tc.data_parallel or 1) * tc.tensor_parallel * tc.context_parallel * tc.pipeline_parallel
     layout = layout_for(cfg, world)
     if tc.batch_tokens:
         from smelt.train.batching import batch_plan
 
         batch_plan(tc, layout.dp)  # ConfigError when the batch does not split over the data-parallel ranks
-    more = "" if tc.data_parallel else " (train.data_parallel = 0: any multiple of train.tensor_parallel)"
+    more = "" if tc.data_parallel else f" (train.data_parallel = 0: any multiple of {layout.model_parallel})"
     return f"{layout.describe()} = {layout.world_size} processes{more}"
 
 
@@ -150,7 +212,7 @@ class TrainMesh:
     @property
     def data_rank(self) -> int:
         """This process's index among the data-parallel ranks (which batch rows it reads)."""
-        return self.rank // self.layout.tp
+        return self.layout.data_rank(self.rank)
 
     @property
     def tensor_parallel(self) -> bool:
