@@ -11,7 +11,7 @@ from smelt.checkpoint import latest_checkpoint, load_model
 from smelt.config import config_from_dict
 from smelt.model.moe import MoE
 from smelt.report.single import write_run_report
-from smelt.report.sinks import scalars
+from smelt.train.sinks import scalars
 from smelt.train.trainer import train
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from smelt.cli import main
 from smelt.errors import UserError
-from smelt.report.sinks import TensorBoardSink, WandbSink, export_tensorboard, scalars
+from smelt.report.sinks import export_tensorboard
+from smelt.train.sinks import TensorBoardSink, WandbSink, scalars
 
 
 def test_scalars_of_each_record_kind(metrics_records):

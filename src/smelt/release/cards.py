@@ -68,7 +68,7 @@ def compute_figures(run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
 
 def eval_rows(run_dir: Path) -> tuple[list[str], list[list[Any]]]:
     """One row per evaluated step: held-out loss and bits per byte, then each task's score."""
-    from smelt.report.run import task_scores
+    from smelt.metric_records import task_scores
 
     results = []
     for path in sorted((run_dir / "eval").glob("step_*.json")):

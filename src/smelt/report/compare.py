@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.metric_records import finite
 from smelt.report.decisions import decisions_for
 from smelt.report.eval_sections import task_curves, tokens_of
 from smelt.report.forks import equal_tokens_section
 from smelt.report.lineage import Family, flops_offset, tree_html
 from smelt.report.page import missing, note, page, row, section, table
-from smelt.report.run import Run, final_metrics, finite, load_run
+from smelt.report.run import Run, final_metrics, load_run
 from smelt.report.svg import COLORS, Band, Chart, Series, chart_svg
 from smelt.summary import flat
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from smelt.metric_records import finite
 from smelt.report.page import Raw, esc, missing, note, table
-from smelt.report.run import STAGE_DIRS, Run, finite
+from smelt.report.run import STAGE_DIRS, Run
 from smelt.report.svg import COLORS, Chart, Series, bars_svg, chart_svg
 
 # A manifest names the stages it read by stage name; their directories differ for two of them.

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from smelt.metric_records import finite, task_entries, task_scores
 from smelt.report.page import Raw, esc, missing, note, row, table
-from smelt.report.run import Run, finite, task_entries, task_references, task_scores
+from smelt.report.run import Run, task_references
 from smelt.report.svg import Band, Chart, Series, chart_svg
 
 GALLERY_CHARS = 600

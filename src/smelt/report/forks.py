@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.metric_records import finite
 from smelt.report.eval_sections import tokens_of
 from smelt.report.page import missing, note, table
-from smelt.report.run import Run, finite, load_run, parent_record
+from smelt.report.run import Run, load_run, parent_record
 from smelt.report.svg import COLORS, Chart, Marker, Series, chart_svg
 
 MAX_DEPTH = 64

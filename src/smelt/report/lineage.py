@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.metric_records import finite
 from smelt.report import forks
 from smelt.report.page import esc, missing, note
-from smelt.report.run import Run, final_metrics, finite, load_run, parent_record
+from smelt.report.run import Run, final_metrics, load_run, parent_record
 from smelt.report.svg import COLORS, Chart, Series, chart_svg
 
 MAX_DEPTH = 64  # a chain of forks longer than this is a loop in hand-edited records

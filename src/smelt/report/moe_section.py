@@ -7,8 +7,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from smelt.metric_records import finite
 from smelt.report.page import missing, note, row, table
-from smelt.report.run import Run, finite
+from smelt.report.run import Run
 from smelt.report.svg import Chart, Series, chart_svg
 
 SMALL = {"width": 440, "height": 230}

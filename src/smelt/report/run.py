@@ -8,7 +8,6 @@ input but metrics.jsonl is optional: a missing one leaves its section saying so.
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from smelt import layout
 from smelt.errors import UserError
+from smelt.metric_records import finite, task_entries, task_scores
 
 STAGE_DIRS = tuple(layout.STAGE_DIRS.values())  # directory names, in pipeline order
 _STEP_FILE = re.compile(r"step_(\d+)\.json$")
@@ -166,49 +166,6 @@ def load_run(run_dir: str | Path) -> Run:
             if content is not None:
                 run.galleries.append((file.name, content))
     return run
-
-
-def finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-# Task fields that describe the evaluation rather than score it (counts, settings, references).
-NOT_SCORES = {"n", "items", "examples", "count", "step", "tokens", "shots", "skipped", "stderr", "chance"}
-
-
-def task_entries(result: dict[str, Any]) -> list[tuple[str, Any]]:
-    """(task name, its figures) from {"tasks": {name: {...} | value}} or {"tasks": [{"task"|"name": ...}]}."""
-    tasks = result.get("tasks")
-    if isinstance(tasks, dict):
-        return [(str(k), v) for k, v in tasks.items()]
-    if isinstance(tasks, list):
-        return [
-            (str(t.get("task") or t.get("name") or i), t) for i, t in enumerate(tasks) if isinstance(t, dict)
-        ]
-    return []
-
-
-def task_scores(result: dict[str, Any]) -> dict[str, float]:
-    """Per-task scores of one eval result (eval/step_*.json) or eval record, as {"task/metric": value}.
-
-    Reads the harness's layout ({"tasks": {name: {"acc": ..., "score": ..., "metric": "acc", ...}}}),
-    a bare {"tasks": {name: value}}, and in-loop records that log flat "task/metric" keys. "score"
-    is left out when it repeats the metric the task names.
-    """
-    scores: dict[str, float] = {}
-    for name, value in task_entries(result):
-        if finite(value):
-            scores[name] = float(value)
-        elif isinstance(value, dict):
-            repeats = isinstance(value.get("metric"), str) and value["metric"] in value
-            for metric, figure in value.items():
-                if finite(figure) and metric not in NOT_SCORES and not (metric == "score" and repeats):
-                    scores[f"{name}/{metric}"] = float(figure)
-    if result.get("kind") == "eval":
-        for key, value in result.items():
-            if "/" in key and finite(value):
-                scores.setdefault(key, float(value))
-    return scores
 
 
 def task_references(result: dict[str, Any]) -> dict[str, dict[str, float]]:

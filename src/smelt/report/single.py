@@ -7,10 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from smelt.metric_records import finite, task_entries
 from smelt.report import data_sections, eval_sections, lineage, moe_section, train_sections
 from smelt.report.decisions import decisions_for
 from smelt.report.page import missing, note, page, section, table
-from smelt.report.run import Run, final_metrics, finite, load_run, task_entries
+from smelt.report.run import Run, final_metrics, load_run
 
 # (anchor, title, builder): the order of the page, after the summary and before the decisions: what
 # people look at first (curves) comes first, provenance last. Tests check that every anchor is present.

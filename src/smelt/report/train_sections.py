@@ -5,8 +5,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from smelt.metric_records import describe_event, finite
 from smelt.report.page import missing, note, row, table
-from smelt.report.run import Run, finite
+from smelt.report.run import Run
 from smelt.report.svg import EVENT_COLORS, Chart, Marker, Series, chart_svg, timeline_svg
 
 # Events that change how a curve should be read; they are drawn on the loss plot and the timeline.
@@ -15,29 +16,6 @@ NOTABLE = ("alert", "skip", "rollback", "resume", "stage", "overflow")
 ROUTINE = ("checkpoint", "mixture", "data_plan", "start")
 MAX_MARKERS = 60
 SMALL = {"width": 440, "height": 230}  # charts shown two to a row
-_SKIP_KEYS = {"kind", "step", "tokens", "event"}
-
-
-def describe(record: dict[str, Any]) -> str:
-    """One line for an event: its message when it has one, else its fields."""
-    event = record.get("event", "?")
-    if record.get("message"):
-        return f"{event}: {record['message']}"
-    if event == "stage":
-        weights = ", ".join(f"{k} {v:.3g}" for k, v in (record.get("weights") or {}).items())
-        return f"stage {record.get('stage')!r} from step {record.get('first_step')} ({weights})"
-    if event == "rollback":
-        return f"rollback to step {record.get('to_step')}; steps {record.get('skipped_steps')} skipped"
-    if event == "mixture":
-        return f"mixture window from step {record.get('first_step')}: max drift {record.get('max_drift')}"
-    if event == "data_plan":
-        return f"data plan: {record.get('steps')} steps, sources {', '.join(record.get('sources', {}))}"
-    fields = []
-    for key, value in record.items():
-        if key in _SKIP_KEYS or isinstance(value, (dict, list)):
-            continue
-        fields.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
-    return f"{event}: " + ", ".join(fields[:8])
 
 
 def _markers(run: Run) -> list[Marker]:
@@ -48,7 +26,7 @@ def _markers(run: Run) -> list[Marker]:
         Marker(
             run.cumulative(r.get("tokens")),
             str(r.get("alert") or r.get("event"))[:10],
-            f"step {r.get('step')}: {describe(r)}",
+            f"step {r.get('step')}: {describe_event(r)}",
             EVENT_COLORS.get(str(r.get("event")), "#999999"),
         )
         for r in notable[:MAX_MARKERS]
@@ -227,7 +205,7 @@ def throughput_section(run: Run) -> str:
                     "model FLOPs utilization",
                     "tokens",
                     "MFU %",
-                    [Series("MFU %", xs, mfu)],
+                    [Series("MFU % (6N + attention)", xs, mfu), *_model_mfu_series(train, xs)],
                     y_zero=True,
                     **SMALL,
                 )
@@ -259,11 +237,20 @@ def throughput_section(run: Run) -> str:
     start = run.start()
     text = note(
         f"device {start.get('device', '?')}, precision {start.get('precision', '?')}, world size "
-        f"{start.get('world_size', '?')}, {start.get('flops_per_token', 0) or 0:.4g} FLOPs per token; the first "
+        f"{start.get('world_size', '?')}, {start.get('flops_per_token', 0) or 0:.4g} FLOPs per token (6N + 12 L d s, "
+        f"head counted; {start.get('model_flops_per_token', 0) or 0:.4g} as matmul model FLOPs); the first "
         f"logged window includes start-up and compilation. Memory is peak accelerator memory on CUDA, else "
         f"the process's peak RSS."
     )
     return row(*charts) + text
+
+
+def _model_mfu_series(train: list[dict[str, Any]], xs: list[float]) -> list[Series]:
+    """MFU in the matmul model FLOPs convention beside PaLM's, when the run records it."""
+    if not any(finite(r.get("mfu_model")) for r in train):
+        return []
+    mfu = [100 * r["mfu_model"] if finite(r.get("mfu_model")) else None for r in train]
+    return [Series("MFU % (matmul model FLOPs)", xs, mfu)]
 
 
 def events_section(run: Run) -> str:
@@ -277,7 +264,7 @@ def events_section(run: Run) -> str:
         if kind in ("start", "data_plan", "end", "mixture"):
             continue
         lanes.setdefault(kind, []).append(
-            (run.cumulative(r.get("tokens")), f"step {r.get('step')}: {describe(r)}")
+            (run.cumulative(r.get("tokens")), f"step {r.get('step')}: {describe_event(r)}")
         )
     parts = []
     if lanes:
@@ -289,7 +276,7 @@ def events_section(run: Run) -> str:
         note("events: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: str(kv[0]))))
     )
     shown = [r for r in events if r.get("event") not in ("mixture",)]
-    rows = [[r.get("step"), r.get("tokens"), r.get("event"), describe(r)] for r in shown[:400]]
+    rows = [[r.get("step"), r.get("tokens"), r.get("event"), describe_event(r)] for r in shown[:400]]
     parts.append(table(["step", "tokens", "event", "details"], rows))
     if len(shown) > 400:
         parts.append(note(f"{len(shown) - 400} more events in {run.metrics_path}."))

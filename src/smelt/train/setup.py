@@ -199,7 +199,7 @@ def last_logged_loss(out_dir: Path) -> float:
 
 def metric_sinks(cfg: Config, out_dir: Path) -> list:
     """TensorBoard and W&B writers the config asks for (rank 0 only)."""
-    from smelt.report.sinks import TensorBoardSink, WandbSink
+    from smelt.train.sinks import TensorBoardSink, WandbSink
 
     sinks: list = []
     if cfg.train.tensorboard:
