@@ -58,6 +58,22 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_anneal)
 
+    p = subparsers.add_parser(
+        "launch",
+        help="print the torchrun (or Slurm) commands that train CONFIG on N nodes x G GPUs",
+        description="Check the [train] mesh keys against --nodes x --gpus-per-node processes, say which mesh "
+        "dimensions stay inside a node, and print the torchrun command for every node (c10d rendezvous) or, "
+        "with --slurm, an sbatch script.",
+    )
+    add_config_args(p, force=False)
+    p.add_argument("--nodes", type=int, required=True, help="nodes in the launch")
+    p.add_argument("--gpus-per-node", type=int, required=True, help="processes (GPUs) per node")
+    p.add_argument("--slurm", action="store_true", help="an sbatch script (srun + torchrun) instead")
+    p.add_argument("--endpoint", help="HOST:PORT of the c10d rendezvous (default HOST:--port, to fill in)")
+    p.add_argument("--port", type=int, default=29500, help="rendezvous port (default 29500)")
+    p.add_argument("--rdzv-id", help="rendezvous id shared by the nodes (default smelt-RUN_NAME)")
+    p.set_defaults(func=_launch)
+
 
 def _train(args: argparse.Namespace) -> int:
     from smelt.pipeline_commands import run_stage_command, with_init_from
@@ -106,4 +122,15 @@ def _anneal(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print_table(table(comparison))
     print(f"\ncomparison: {comparison['report']}")
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from smelt.config import load_config
+    from smelt.train.launch import Cluster, launch_text
+
+    cfg = load_config(args.config, args.overrides)
+    cluster = Cluster(args.nodes, args.gpus_per_node)
+    print(launch_text(cfg, args.config, args.overrides, cluster, slurm=args.slurm, endpoint=args.endpoint,
+                      port=args.port, rdzv_id=args.rdzv_id), end="")  # fmt: skip
     return 0
