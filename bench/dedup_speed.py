@@ -145,7 +145,7 @@ def text_steps(name: str, paths: list[Path]) -> dict:
     from smelt.config import DecontamConfig, EvalSetConfig
     from smelt.data.dedup.decontam import Decontaminate
     from smelt.data.dedup.lines import LineDedup, count_lines
-    from smelt.data.document import Doc, Ledger
+    from smelt.data.ledger import Doc, Ledger
 
     docs = []
     for path in paths:

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from common import write_result
 
-from smelt.data.document import Ledger
 from smelt.data.extract import EXTRACTORS, decode_html, extractor
+from smelt.data.ledger import Ledger
 from smelt.data.readers import ReadSpec
 from smelt.data.web import read_warc
 

@@ -32,9 +32,9 @@ from pathlib import Path
 from common import write_result
 
 from smelt.config import DataConfig, SourceConfig, UrlFilterConfig
-from smelt.data.document import Doc, Ledger
 from smelt.data.filters import FILTER_STEPS
 from smelt.data.langid import ALIASES, LanguageId, identify, known_languages
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import Normalize, normalize_text
 
 ROOT = Path(__file__).resolve().parent.parent

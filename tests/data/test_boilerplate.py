@@ -12,8 +12,8 @@ import pytest
 
 from smelt.config import DataConfig, SourceConfig
 from smelt.data.curate import build_steps, curate
-from smelt.data.document import Doc, Ledger
 from smelt.data.filters.boilerplate import WRAPPERS, Boilerplate, find_cuts, resolve_wrappers
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import normalize_text
 from smelt.errors import ConfigError
 

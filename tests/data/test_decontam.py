@@ -6,7 +6,7 @@ from smelt.config import DecontamConfig, EvalSetConfig, load_config
 from smelt.data.curate import curate
 from smelt.data.dedup.benchmarks import read_items
 from smelt.data.dedup.decontam import Decontaminate, EvalIndex
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.errors import ConfigError, UserError
 
 HELLASWAG = "eval/hellaswag/olmes_hellaswag_val1000_rc_5shot"

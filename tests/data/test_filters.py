@@ -16,7 +16,6 @@ from smelt.config import (
     SourceConfig,
     UrlFilterConfig,
 )
-from smelt.data.document import Doc, Ledger
 from smelt.data.filters import (
     FILTER_NAMES,
     FILTER_STEPS,
@@ -32,6 +31,7 @@ from smelt.data.filters import (
 from smelt.data.filters.c4 import c4_clean
 from smelt.data.filters.fineweb import fineweb_scores
 from smelt.data.filters.gopher import gopher_quality_scores, gopher_repetition_scores, ngram_char_ratios
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import normalize_text
 from smelt.errors import ConfigError
 

@@ -6,8 +6,8 @@ import math
 import pytest
 
 from smelt.config import DataConfig, LangIdConfig, SourceConfig
-from smelt.data.document import Doc, Ledger
 from smelt.data.langid import UNDETERMINED, WINDOWS, LanguageId, identify, sample_text
+from smelt.data.ledger import Doc, Ledger
 
 LANGS = ("en", "de", "fr", "es", "ru", "zh", "ar", "hi", "ja", "pt", "it", "nl", "pl", "tr", "ko")
 

@@ -19,8 +19,8 @@ import pytest
 from smelt.config import DataConfig, LangIdConfig, SourceConfig, config_from_dict
 from smelt.data import langid
 from smelt.data.curate import curate
-from smelt.data.document import Doc, Ledger
 from smelt.data.langid import LanguageId, identify
+from smelt.data.ledger import Doc, Ledger
 from smelt.errors import ConfigError, UserError
 
 # Maori, Tswana and Tsonga: languages py3langid does not know

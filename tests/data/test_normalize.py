@@ -72,7 +72,7 @@ def test_mojibake_repair_restores_real_utf8_text_read_as_latin_1(shared_data):
 
 def test_normalize_step_from_config_per_source():
     from smelt.config import DataConfig, SourceConfig
-    from smelt.data.document import Doc, Ledger
+    from smelt.data.ledger import Doc, Ledger
     from smelt.data.normalize import Normalize
 
     cfg = DataConfig(

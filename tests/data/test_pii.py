@@ -7,7 +7,7 @@ import json
 import pytest
 
 from smelt.config import DataConfig, PiiConfig, SourceConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.pii import KINDS, Pii, scrub
 from smelt.data.steps import run_steps
 from smelt.errors import ConfigError

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from smelt.config import Config, DataConfig, QualityConfig, RunConfig, SourceConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.quality import (
     THRESHOLD_REASON,
     HashSpec,

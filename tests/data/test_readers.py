@@ -8,11 +8,11 @@ import pytest
 
 from smelt.data import readers
 from smelt.data.curate import resolve_sources
-from smelt.data.document import Ledger
 from smelt.data.executor import read_shard
+from smelt.data.ledger import Ledger
 from smelt.data.readers import ReadSpec, check_readable
-from smelt.data.shards import WorkShard, line_ranges, plan_shards
 from smelt.data.split import split_hash
+from smelt.data.work_units import WorkShard, line_ranges, plan_shards
 from smelt.errors import UserError
 
 

@@ -1,9 +1,9 @@
 from collections import Counter
 
 from smelt.data.dedup.exact import ExactDedup, text_digest
-from smelt.data.document import DROP_SAMPLE_DOCS, Doc, Ledger
 from smelt.data.filters import LengthFilter
 from smelt.data.ids import UniqueIds
+from smelt.data.ledger import DROP_SAMPLE_DOCS, Doc, Ledger
 from smelt.data.split import TEST, TRAIN, VAL, Split, assign_split, forced_units, split_hash, unit_key
 from smelt.data.steps import CorpusStep, DocStep, run_steps, split_at_first_corpus_step
 

@@ -4,7 +4,7 @@ import gzip
 
 import pytest
 
-from smelt.data.document import Ledger
+from smelt.data.ledger import Ledger
 from smelt.data.readers import ReadSpec
 from smelt.data.warc import WarcError, iter_records
 from smelt.data.web import read_warc

@@ -10,8 +10,8 @@ import pytest
 
 from smelt.data import readers
 from smelt.data.curate import curate
-from smelt.data.document import Ledger
 from smelt.data.extract import decode_html, extractor
+from smelt.data.ledger import Ledger
 from smelt.data.readers import ReadSpec
 from smelt.data.warc import decode_body, iter_records, parse_http
 from smelt.data.web import read_html, read_warc

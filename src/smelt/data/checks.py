@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.config import SourceConfig
-from smelt.data.document import QUARANTINED, Ledger
+from smelt.data.ledger import QUARANTINED, Ledger
 from smelt.errors import UserError
 
 

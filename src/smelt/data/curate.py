@@ -6,7 +6,7 @@ Gutenberg headers and licences, stripped before language id reads the text) -> l
 boilerplate line removal -> quality top fraction -> decontamination -> split (dedup before the split,
 so a near-duplicate cluster never straddles splits; decontamination last, on what would be trained on).
 
-Execution is map/reduce over work shards (see data/shards.py):
+Execution is map/reduce over work shards (see data/work_units.py):
 * map: the leading per-document steps run on each shard as a task on the executor (`data.executor`: a
   local process pool, or Ray tasks on a local or existing cluster); each shard writes its
   surviving documents and ledger under `<out>/_work/map/` and a completion marker, so a killed run
@@ -38,23 +38,23 @@ from smelt.data.dedup.decontam import Decontaminate
 from smelt.data.dedup.exact import ExactDedup
 from smelt.data.dedup.lines import LineDedup, count_lines
 from smelt.data.dedup.near import NearDedup, check_scope, params_of, plan_near_dedup
-from smelt.data.document import Doc, Ledger
 from smelt.data.executor import iter_entries, iter_shard_docs, read_column, run_map
 from smelt.data.filters import FILTER_STEPS, LengthFilter
 from smelt.data.filters.boilerplate import Boilerplate
 from smelt.data.ids import UniqueIds
 from smelt.data.langid import LanguageId
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import Normalize
 from smelt.data.pii import Pii
 from smelt.data.plots import retention_svg
 from smelt.data.quality import QualityScore, top_fraction_cutoff
 from smelt.data.readers import ReadSpec, check_readable
-from smelt.data.shards import WorkShard, plan_shards, read_plan, write_plan
 from smelt.data.sources import resolve_all
 from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
 from smelt.data.stats import KeptStats, build_stats, loss_warnings, removed_chars, warning_text
 from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
 from smelt.data.urls import local_path, url_protocol
+from smelt.data.work_units import WorkShard, plan_shards, read_plan, write_plan
 from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
 from smelt.errors import UserError
 from smelt.executors import TaskExecutor, make_executor, start_method

@@ -20,11 +20,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.readers import read_file
-from smelt.data.shards import WorkShard
 from smelt.data.split import split_hash, unit_key
 from smelt.data.steps import DocStep, run_steps
+from smelt.data.work_units import WorkShard
 from smelt.executors import TaskExecutor
 from smelt.progress import log, progress
 

@@ -33,7 +33,7 @@ from functools import cache
 from typing import Any
 
 from smelt.config import DataConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 from smelt.errors import ConfigError, UserError
 

@@ -13,7 +13,7 @@ import unicodedata
 from functools import cache
 
 from smelt.config import DataConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 
 # C0 and C1 control characters except \t and \n (\r is turned into \n before this runs).

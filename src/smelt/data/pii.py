@@ -57,7 +57,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 from smelt.config import DataConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 from smelt.errors import ConfigError
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from smelt.config import Config, DataConfig, SourceConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import normalize_text
 from smelt.data.readers import ReadSpec, read_file
 from smelt.data.sources import source_files

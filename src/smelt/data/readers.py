@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from smelt.data.document import Doc, Ledger, preview
+from smelt.data.ledger import Doc, Ledger, preview
 from smelt.data.read_spec import ReadSpec
 from smelt.errors import UserError
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from smelt.data.document import DROPPED, QUARANTINED
+from smelt.data.ledger import DROPPED, QUARANTINED
 from smelt.data.writer import QUARANTINE_DIR
 from smelt.errors import UserError
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from urllib.parse import urlsplit
 
 from smelt.config import DataConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import CorpusStep
 from smelt.errors import ConfigError
 

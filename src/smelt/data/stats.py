@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-from smelt.data.document import DROPPED, QUARANTINED, Doc, Ledger
+from smelt.data.ledger import DROPPED, QUARANTINED, Doc, Ledger
 from smelt.data.split import SPLITS
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 
 
 class DocStep:

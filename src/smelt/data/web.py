@@ -20,8 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from smelt.data.document import Doc, Ledger
 from smelt.data.extract import decode_html, extractor
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.read_spec import ReadSpec
 from smelt.data.warc import WarcError, WarcRecord, decode_body, is_html, iter_records, parse_http
 

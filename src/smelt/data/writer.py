@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from smelt.data.document import DROP_SAMPLE_DOCS, Doc
+from smelt.data.ledger import DROP_SAMPLE_DOCS, Doc
 
 SCHEMA = pa.schema(
     [

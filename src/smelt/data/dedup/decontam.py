@@ -23,7 +23,7 @@ import numpy as np
 from smelt.config import DecontamConfig
 from smelt.data.dedup.benchmarks import read_items
 from smelt.data.dedup.minhash import _MIX, _SENTINEL_CRC, BATCH_CHARS, SENTINEL, _normalized_bytes, words
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import CorpusStep
 
 _FILTER_BITS = 1 << 24

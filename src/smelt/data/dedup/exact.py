@@ -7,7 +7,7 @@ from array import array
 from collections.abc import Iterable, Iterator
 
 from smelt.data.digests import DigestTable
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import CorpusStep
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from smelt.data.dedup.exact import text_digest
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import CorpusStep
 
 

@@ -35,7 +35,7 @@ from smelt.config import DataConfig, NearDedupConfig
 from smelt.data.dedup.lsh import BucketFiles, UnionFind, band_keys, partition_count, verify_pairs
 from smelt.data.dedup.minhash import LshParams, MinHasher, lsh_params
 from smelt.data.dedup.stores import ShingleStore, SignatureStore, shingle_files, verify_by_jaccard
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import CorpusStep
 from smelt.errors import ConfigError
 from smelt.executors import ProcessPool, TaskExecutor

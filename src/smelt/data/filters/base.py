@@ -18,7 +18,7 @@ import re
 from typing import Any, ClassVar
 
 from smelt.config import DataConfig, SourceConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 from smelt.errors import ConfigError
 

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from smelt.config import DataConfig
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 from smelt.errors import ConfigError
 

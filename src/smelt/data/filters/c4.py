@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 
 from smelt.config import C4Config
-from smelt.data.document import Doc, Ledger
 from smelt.data.filters.base import TextFilter, rounded
+from smelt.data.ledger import Doc, Ledger
 
 _CITATION = re.compile(r"\[\d*\]|\[edit\]|\[citation needed\]", re.IGNORECASE)
 _END_MARKS = (".", "!", "?", '"', "”", "’", "'")

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 
 from smelt.config import CodeFilterConfig
-from smelt.data.document import Doc
 from smelt.data.filters.base import Scores, TextFilter
+from smelt.data.ledger import Doc
 
 AUTOGEN_LINES = 5
 _AUTOGEN = re.compile(

@@ -17,9 +17,9 @@ Differences from datatrove, all stated so that thresholds can be compared:
 from __future__ import annotations
 
 from smelt.config import FineWebConfig
-from smelt.data.document import Doc
 from smelt.data.filters.base import Scores, TextFilter, nonblank_lines, split_words
 from smelt.data.filters.gopher import duplicates
+from smelt.data.ledger import Doc
 
 STOP_CHARS = (".", "!", "?", '"', "'", "…", "”", "’", "。", "！", "？")
 

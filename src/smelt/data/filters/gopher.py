@@ -33,8 +33,8 @@ from collections import Counter
 import numpy as np
 
 from smelt.config import GopherQualityConfig, GopherRepetitionConfig
-from smelt.data.document import Doc
 from smelt.data.filters.base import Scores, TextFilter, nonblank_lines, split_words
+from smelt.data.ledger import Doc
 from smelt.errors import ConfigError
 
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")

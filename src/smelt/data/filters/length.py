@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from smelt.data.document import Doc, Ledger
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from smelt.config import DataConfig
-from smelt.data.document import Doc, Ledger
 from smelt.data.filters.base import sources_using
+from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 from smelt.errors import ConfigError
 
