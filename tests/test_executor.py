@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
 from smelt.config import DataConfig, SourceConfig
 from smelt.data.curate import curate
+from smelt.data.executor import map_shard as real_map_shard
 from smelt.errors import UserError
-from smelt.executors import ProcessPool, make_executor
+from smelt.executors import ProcessPool, WorkerDied, make_executor
 
 
 def _pid_and_square(value: int, offset: int) -> tuple[int, int]:
@@ -104,3 +107,78 @@ def test_ray_executor_puts_the_drivers_signal_handlers_back(monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is not before  # ray.init replaced it
     executor.close()
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def _die_once(marker: str, value: int) -> int:
+    """The first task to get here dies like an OOM-killed worker; the marker file says it happened."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return value * 2
+    os.kill(os.getpid(), signal.SIGKILL)
+    return -1
+
+
+def _always_die(value: int) -> int:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return value
+
+
+def test_pool_runs_again_the_tasks_of_a_killed_worker(tmp_path):
+    marker = str(tmp_path / "killed-once")
+    with make_executor("pool", 2, retries=1) as pool:
+        results = dict(pool.run(_die_once, [(marker, i) for i in range(6)]))
+        assert os.path.exists(marker)  # a worker did die
+        assert results == {i: 2 * i for i in range(6)}  # every task's result once, none lost
+        again = [pool.submit(_die_once, str(tmp_path / "second"), i) for i in range(4)]
+        assert [f.result() for f in again] == [0, 2, 4, 6]  # submit's futures survive a broken pool
+
+
+def test_pool_gives_up_on_a_task_that_keeps_killing_its_worker(tmp_path):
+    with make_executor("pool", 2, retries=1, key="tokens.executor") as pool:
+        future = pool.submit(_always_die, 3)
+        with pytest.raises(WorkerDied) as info:
+            future.result()
+    assert str(info.value).startswith(
+        "a worker process died while running this task (2 times: killed, or out of memory?); "
+        "tokens.retries = 1 allows 1 retries."
+    )
+
+
+def _kill_first_then_map(marker: str, shard, steps, map_dir):
+    """The first map task to get here leaves a half-written output and dies like an OOM-killed worker."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return real_map_shard(shard, steps, map_dir)
+    (Path(map_dir) / f"{shard.key}.parquet.tmp").write_bytes(b"half a parquet file")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_pool_curate_with_a_killed_worker_is_byte_identical(shared_data, tmp_path, monkeypatch):
+    speeches = shared_data / "corpus/prose/nltk_inaugural"
+    cfg = DataConfig(
+        sources=[SourceConfig(name="inaugural", root=str(speeches), include=["18*.txt"])],
+        min_chars=64,
+        val_fraction=0.1,
+        workers=2,
+        shard_bytes=60_000,
+        retries=1,
+    )
+    clean = curate(cfg, tmp_path / "clean")
+    marker = tmp_path / "killed-once"
+    monkeypatch.setattr("smelt.data.executor.map_shard", functools.partial(_kill_first_then_map, str(marker)))
+    killed = curate(cfg, tmp_path / "killed")
+    assert marker.exists()  # a worker did die mid-task
+
+    def tree(root: Path) -> dict[str, bytes]:
+        return {
+            p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        }
+
+    assert tree(tmp_path / "killed") == tree(tmp_path / "clean")  # no document lost or duplicated
+    assert killed == clean
+    assert killed["documents_in"] == killed["documents_kept"] + sum(killed["dropped"].values()) + sum(
+        killed["quarantined"].values()
+    )

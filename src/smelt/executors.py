@@ -7,8 +7,11 @@ and drives the progress bar. Nothing about the output depends on where a task ra
 the same for the pool, for Ray, and for any number of workers.
 
 * `ProcessPool`: today's local behaviour. One worker runs tasks in this process; more start a
-  `ProcessPoolExecutor`. A worker that dies fails the run; the stage's completion markers make the
-  rerun skip what was finished.
+  `ProcessPoolExecutor`. A worker that dies (killed, out of memory) breaks that pool: a fresh pool
+  starts and runs again every task the broken one had not finished, and each task that was running
+  when it broke is charged an attempt; one charged more than `retries` times fails the run (the stage's
+  completion markers then make the rerun skip what was finished). The pool cannot tell which of the
+  tasks running at that moment killed its worker, so a task running beside it is charged too.
 * `RayExecutor` (`data.executor = "ray"`, `tokens.executor = "ray"`; the `ray` extra): every task is a Ray
   task with `max_retries` (`data.retries`, `tokens.retries`), so a task whose worker process or node died
   is run again by Ray; tasks write their outputs atomically and deterministically, so a task run twice
@@ -20,13 +23,20 @@ the same for the pool, for Ray, and for any number of workers.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
+import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from smelt.errors import UserError
@@ -101,8 +111,58 @@ def _initialize_once(initializer: Callable[..., None] | None, initargs: tuple) -
         _INITIALIZED[key] = True
 
 
+class WorkerDied(BrokenProcessPool):
+    """A pool task whose worker process died more often than the retries allow."""
+
+
+def _pool_worker_init(starts: str, initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    _POOL_WORKER["starts"] = starts
+    if initializer is not None:
+        initializer(*initargs)
+
+
+_POOL_WORKER: dict[str, str] = {}
+
+
+def _pool_call(number: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run one pool task with a file saying it is running: a file left behind by a worker that died
+    names the task that was running on it."""
+    running = os.path.join(_POOL_WORKER["starts"], str(number))
+    with open(running, "w"):
+        pass
+    try:
+        return fn(*args)
+    finally:
+        os.unlink(running)
+
+
+class _PoolTask(Future):
+    """A task's future as the caller holds it: when the pool breaks under the task, the task runs again
+    in a fresh pool and this future gets the result of that attempt."""
+
+    def __init__(self, pool: ProcessPool, number: int, fn: Callable[..., Any], args: tuple):
+        super().__init__()
+        self.pool, self.number, self.fn, self.args = pool, number, fn, args
+        self.attempts = 0  # runs that ended with the pool broken under them
+        self.attempt: Future | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        self.pool.wait_until(self.done)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.pool.wait_until(self.done)
+        return super().exception(timeout)
+
+    def cancel(self) -> bool:
+        if self.attempt is not None:
+            self.attempt.cancel()
+        return super().cancel()
+
+
 class ProcessPool(TaskExecutor):
-    """Tasks in local processes; with one worker, in this process (no start-up cost, easy to debug)."""
+    """Tasks in local processes; with one worker, in this process (no start-up cost, easy to debug).
+    With more, a task whose worker process dies is run again, up to `retries` times."""
 
     name = "pool"
 
@@ -112,11 +172,20 @@ class ProcessPool(TaskExecutor):
         start: str | None = None,
         initializer: Callable[..., None] | None = None,
         initargs: tuple = (),
+        retries: int = 0,
+        key: str = "executor",
     ):
         self.workers = max(1, workers)
+        self.retries = retries
+        self._key = key
         self._start = start or start_method()
         self._initializer, self._initargs = initializer, initargs
         self._pool: ProcessPoolExecutor | None = None
+        self._starts: str | None = None  # where workers note the task they are running
+        self._numbers = itertools.count()
+        self._changed = threading.Condition()
+        self._broken: list[_PoolTask] = []  # tasks the broken pool did not finish, to run again
+        self._cause: BaseException | None = None
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
         if self.workers == 1:
@@ -127,14 +196,87 @@ class ProcessPool(TaskExecutor):
             except Exception as exc:
                 future.set_exception(exc)
             return future
+        task = _PoolTask(self, next(self._numbers), fn, args)
+        self._begin(task)
+        return task
+
+    def _begin(self, task: _PoolTask) -> None:
         if self._pool is None:
+            self._starts = self._starts or tempfile.mkdtemp(prefix="smelt-pool-")
             self._pool = ProcessPoolExecutor(
                 self.workers,
                 mp_context=multiprocessing.get_context(self._start),
-                initializer=self._initializer,
-                initargs=self._initargs,
+                initializer=_pool_worker_init,
+                initargs=(self._starts, self._initializer, self._initargs),
             )
-        return self._pool.submit(fn, *args)
+        try:
+            task.attempt = self._pool.submit(_pool_call, task.number, task.fn, *task.args)
+        except BrokenProcessPool as exc:  # broke before this task was handed over: it never ran
+            self._settle(task, exc)
+            return
+        task.attempt.add_done_callback(lambda attempt: self._settled(task, attempt))
+
+    def _settled(self, task: _PoolTask, attempt: Future) -> None:
+        """Runs in the pool's management thread when an attempt ends."""
+        if attempt.cancelled():
+            task.cancel()
+            with self._changed:
+                self._changed.notify_all()
+            return
+        exc = attempt.exception()
+        self._settle(task, exc, None if exc is not None else attempt.result())
+
+    def _settle(self, task: _PoolTask, exc: BaseException | None, result: Any = None) -> None:
+        if isinstance(exc, BrokenProcessPool) and not isinstance(exc, WorkerDied):
+            with self._changed:
+                self._broken.append(task)
+                self._cause = exc
+                self._changed.notify_all()
+            return
+        if task.set_running_or_notify_cancel():  # False: the caller stopped waiting for it
+            if exc is None:
+                task.set_result(result)
+            else:
+                task.set_exception(exc)
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Block until `ready()`; start a fresh pool for the tasks of a broken one meanwhile (in the
+        calling thread, so that no process is forked from the pool's management thread)."""
+        while True:
+            with self._changed:
+                while not ready() and not self._broken:
+                    self._changed.wait()
+                if ready():
+                    return
+            self._restart()
+
+    def _restart(self) -> None:
+        # shutdown waits for the broken pool's management thread: every task it had not finished is
+        # in self._broken once it returns
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        with self._changed:
+            broken, self._broken = sorted(self._broken, key=lambda t: t.number), []
+        ran = [t for t in broken if os.path.exists(os.path.join(self._starts or "", str(t.number)))]
+        for task in ran or broken:  # none had started: the pool itself failed (its initializer), charge all
+            task.attempts += 1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self._starts or "", str(task.number)))
+        for task in broken:
+            if task.attempts > self.retries:
+                retries_key = self._key.rsplit(".", 1)[0] + ".retries"
+                died = WorkerDied(
+                    f"a worker process died while running this task ({task.attempts} times: killed, or out "
+                    f"of memory?); {retries_key} = {self.retries} allows {self.retries} retries. Lower the "
+                    f"workers or the task size if memory ran out, or raise {retries_key}."
+                )
+                died.__cause__ = self._cause
+                self._settle(task, died)
+            elif not task.cancelled():
+                self._begin(task)
 
     def share(self, value: Any) -> Any:
         return value
@@ -145,6 +287,20 @@ class ProcessPool(TaskExecutor):
         if self.workers > 1:
             return super().run(fn, tasks, shared)
         return self._inline(fn, tasks, shared)  # one task at a time as the caller iterates: a live bar
+
+    def _completed(self, futures: dict[Future, int]) -> Iterator[tuple[int, Any]]:
+        finished: deque[Future] = deque()
+        for future in futures:
+            future.add_done_callback(finished.append)
+        try:
+            for _ in range(len(futures)):
+                self.wait_until(lambda: bool(finished))
+                future = finished.popleft()
+                yield futures[future], future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
     def _inline(
         self, fn: Callable[..., Any], tasks: Sequence[tuple], shared: tuple
@@ -157,6 +313,9 @@ class ProcessPool(TaskExecutor):
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._starts is not None:
+            shutil.rmtree(self._starts, ignore_errors=True)
+            self._starts = None
 
 
 def _ray_call(initializer: Callable[..., None] | None, initargs: tuple, fn: Callable[..., Any], *args: Any):
@@ -253,7 +412,7 @@ def make_executor(
 ) -> TaskExecutor:
     """The executor a stage's config names (`kind` is the value of the config `key`, for messages)."""
     if kind == "pool":
-        return ProcessPool(resolve_workers(workers), start, initializer, initargs)
+        return ProcessPool(resolve_workers(workers), start, initializer, initargs, retries, key)
     if kind == "ray":
         return RayExecutor(workers, address, retries, initializer, initargs, key)
     raise UserError(f"{key} = {kind!r} is not an executor. Use one of: {', '.join(EXECUTORS)}.")

@@ -108,7 +108,7 @@ class TokensConfig:
         "", help="executor ray: empty starts a local Ray; `auto` or ray://HOST:10001 joins a running cluster"
     )
     retries: int = option(
-        3, range=(0, 100), help="executor ray: times a batch whose worker or node died is encoded again"
+        3, range=(0, 100), help="times a batch whose worker process (or Ray node) died is encoded again"
     )
     bos: bool = option(False, help="also put BOS before each document (EOS always follows it)")
     mixture: dict = option({}, help="weight per source, normalized (empty: natural proportions by tokens)")

@@ -276,7 +276,7 @@ class DataConfig:
         "", help="executor ray: empty starts a local Ray; `auto` or ray://HOST:10001 joins a running cluster"
     )
     retries: int = option(
-        3, range=(0, 100), help="executor ray: times a task whose worker or node died is run again"
+        3, range=(0, 100), help="times a task whose worker process (or Ray node) died is run again"
     )
     url_cache: str = option(
         "",
