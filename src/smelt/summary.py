@@ -35,6 +35,7 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
         "train_tokens": train["tokens"],
         "train_tokens_per_s": train["tokens_per_s"],
         "train_mfu": train.get("mfu"),
+        "train_mfu_model": train.get("mfu_model"),
         "final_train_loss": train["final_train_loss"],
         # The trainer's last validation: per-source losses and the headline combined from them.
         "final_val_loss": train["final_val_loss"],
@@ -64,6 +65,15 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
     }
 
 
+def mfu_text(summary: dict[str, Any]) -> str:
+    """PaLM's convention (6N + 12 L d s, head counted) first, then the matmul model FLOPs' figure."""
+    if summary["train_mfu"] is None:
+        return "-"
+    text = f"{100 * summary['train_mfu']:.1f}% (6N + attention)"
+    model = summary.get("train_mfu_model")
+    return text if model is None else f"{text}, {100 * model:.1f}% (matmul model FLOPs)"
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     def fmt(x: Any, spec: str = ",") -> str:
         return "-" if x is None else format(x, spec)
@@ -86,7 +96,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         ),
         ("trained tokens / steps", f"{fmt(summary['train_tokens'])} / {fmt(summary['train_steps'])}"),
         ("training tokens/s", fmt(summary["train_tokens_per_s"], ",.0f")),
-        ("MFU", "-" if summary["train_mfu"] is None else f"{100 * summary['train_mfu']:.1f}%"),
+        ("MFU", mfu_text(summary)),
         (
             "final train / val loss",
             f"{fmt(summary['final_train_loss'], '.4f')} / {fmt(summary['final_val_loss'], '.4f')}"

@@ -79,6 +79,7 @@ def test_train_end_to_end(data, tmp_path):
         "clipped",
         "tokens_per_s",
         "mfu",
+        "mfu_model",
         "stage",
         "loader_wait_s",
         "loader_wait_share",

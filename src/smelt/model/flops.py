@@ -53,8 +53,55 @@ def count_params(cfg: ModelConfig, vocab_size: int) -> dict[str, int]:
     }
 
 
+def head_params(cfg: ModelConfig, vocab_size: int) -> int:
+    """The LM head's V x d matrix: a matmul every token pays for, whether or not it shares the
+    embedding's storage (a tied head is counted here even though count_params counts its storage once)."""
+    return vocab_size * cfg.d_model
+
+
 def flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6 N + 12 L d s for attention, N = the non-embedding parameters a
-    token uses (for MoE the active experts only); d is the attention width n_heads x head_dim."""
-    n = count_params(cfg, vocab_size)["active_non_embedding"]
+    """Training FLOPs per token in PaLM's convention (Chowdhery et al. 2022, appendix B), the one MFU
+    is quoted in: 6 N + 12 L d s, N = the non-embedding parameters a token uses (for MoE the active
+    experts only) plus the LM head, tied or not; d is the attention width n_heads x head_dim and
+    12 L d s the attention scores and values over the full s x s matrix. The embedding lookup is a
+    gather, not a matmul, so it costs no FLOPs."""
+    counts = count_params(cfg, vocab_size)
+    untied_head = 0 if cfg.tie_embeddings else head_params(cfg, vocab_size)  # already non-embedding
+    n = counts["active_non_embedding"] - untied_head + head_params(cfg, vocab_size)
     return float(6 * n + 12 * cfg.n_layers * cfg.n_heads * head_dim_of(cfg) * seq_len)
+
+
+def model_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> float:
+    """Training FLOPs per token of the matmuls themselves (forward 2 per multiply-add, backward twice
+    the forward): the attention projections, the MLP (the router and the active and shared experts
+    on MoE layers) and the LM head, but not the norm weights; and causal attention as it needs to be
+    computed: a query at position i sees i + 1 keys, (s + 1) / 2 on average, so the scores and values
+    cost 6 L d (s + 1) rather than PaLM's full-matrix 12 L d s."""
+    from smelt.config.moe import moe_layers
+
+    d = cfg.d_model
+    head_dim = head_dim_of(cfg)
+    q_dim = cfg.n_heads * head_dim
+    kv_dim = (cfg.n_kv_heads or cfg.n_heads) * head_dim
+    projections = d * q_dim + 2 * d * kv_dim + q_dim * d
+    sparse = len(moe_layers(cfg))
+    expert = 3 * d * (cfg.moe_d_ff or resolved_d_ff(cfg))
+    moe_active = d * cfg.moe_experts + (cfg.moe_shared_experts + cfg.moe_top_k) * expert
+    matmul = (
+        cfg.n_layers * projections
+        + (cfg.n_layers - sparse) * 3 * d * resolved_d_ff(cfg)
+        + sparse * moe_active
+        + head_params(cfg, vocab_size)
+    )
+    return float(6 * matmul + 6 * cfg.n_layers * q_dim * (seq_len + 1))
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None) -> float | None:
+    """Model FLOPs utilization: the FLOP/s the tokens imply over the peak, None when the peak is unknown."""
+    return flops_per_token * tokens_per_s / peak_flops if peak_flops else None
+
+
+def flops_conventions(cfg: ModelConfig, vocab_size: int, seq_len: int) -> tuple[float, float]:
+    """(PaLM's 6N + 12 L d s with the head counted, the matmul model FLOPs): the two per-token figures
+    the trainer reports MFU in (as mfu and mfu_model)."""
+    return flops_per_token(cfg, vocab_size, seq_len), model_flops_per_token(cfg, vocab_size, seq_len)

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from smelt.config import hash_json
 from smelt.manifest import write_json
+from smelt.model.flops import mfu
 from smelt.progress import log, progress
 from smelt.train.setup import last_logged_loss, write_run_manifest
 from smelt.train.watchdog import Watchdog
@@ -30,7 +31,8 @@ def announce(t: Any) -> None:
                            "full_at_step": plan.units.index(max(plan.units)) + 1}} if plan.units else {}),
         "schedule": schedule.kind, "precision": t.precision.name, "device": str(t.device),
         "params_total": t.params["total"], "params_non_embedding": t.params["non_embedding"],
-        "flops_per_token": t.flops_tok, "peak_flops": t.peak_total, "world_size": t.world_size,
+        "flops_per_token": t.flops_tok, "model_flops_per_token": t.model_flops_tok,
+        "peak_flops": t.peak_total, "world_size": t.world_size,
         "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(t.config_dict),
         "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
         **({"parent": t.identity["parent"]} if parent is not None else {}),
@@ -86,6 +88,15 @@ def note(t: Any, event: str, step: int, shown: str, fields: dict[str, Any]) -> N
     t.metrics.write({"kind": "event", "step": step, "tokens": tokens, "event": event, **fields})
 
 
+def mfu_fields(t: Any, tokens_per_s: float) -> dict[str, float | None]:
+    """MFU in both conventions (model/flops.py): "mfu" is PaLM's 6N + 12 L d s with the head counted,
+    "mfu_model" the matmuls alone with causal attention at half the score matrix."""
+    return {
+        "mfu": mfu(t.flops_tok, tokens_per_s, t.peak_total),
+        "mfu_model": mfu(t.model_flops_tok, tokens_per_s, t.peak_total),
+    }
+
+
 def summary(t: Any) -> dict[str, Any]:
     plan, train_time, budget = t.plan, t.window.train_time, t.eval_budget
     tps = (plan.tokens - plan.tokens_at(t.start_step)) / max(train_time, 1e-9)
@@ -102,13 +113,14 @@ def summary(t: Any) -> dict[str, Any]:
         "eval_share": budget.share_of(train_time),
         "evals_skipped": budget.skipped,
         "tokens_per_s": tps,
-        "mfu": t.flops_tok * tps / t.peak_total if t.peak_total else None,
+        **mfu_fields(t, tps),
         "loader_wait_share": t.window.total_wait / max(train_time, 1e-9),
         "stages": [stage.name for stage in t.data_plan.stages],
         "resumed_from_step": t.start_step if t.resume_from is not None else None,
         "skipped_steps": t.alerts.skipped_total,
         "rollbacks": t.alerts.rollbacks,
         "flops_per_token": t.flops_tok,
+        "model_flops_per_token": t.model_flops_tok,
         "peak_flops": t.peak_total,
         "precision": t.precision.name,
         "device": str(t.device),

@@ -40,7 +40,7 @@ from smelt.checkpoint.store import (
 from smelt.config import Config, hash_json
 from smelt.errors import UserError
 from smelt.eval.heldout import training_mixture
-from smelt.model.flops import count_params, flops_per_token
+from smelt.model.flops import count_params, flops_conventions
 from smelt.model.moe import router_metrics, update_expert_bias
 from smelt.model.moe_parallel import setup_expert_parallel
 from smelt.model.transformer import Transformer
@@ -61,7 +61,7 @@ from smelt.train.mesh import mesh_for
 from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
-from smelt.train.records import announce, summary
+from smelt.train.records import announce, mfu_fields, summary
 from smelt.train.setup import (
     agreed_resume,
     alert_policy,
@@ -215,7 +215,7 @@ class Trainer:
         self.ratios = UpdateRatioMonitor(model, self.sharded) if tc.monitor_every else None
 
         self.params = count_params(cfg.model, vocab_size)
-        self.flops_tok = flops_per_token(cfg.model, vocab_size, tc.seq_len)
+        self.flops_tok, self.model_flops_tok = flops_conventions(cfg.model, vocab_size, tc.seq_len)
         peak = from_main(ctx, device, lambda: peak_flops(device, self.precision))  # one figure for every rank
         self.peak_total = peak * self.world_size if peak else None
         self.schedule = build_schedule(
@@ -391,7 +391,7 @@ class Trainer:
             "grad_norm_clipped": clipped_norm(norm, tc.grad_clip),
             "clipped": bool(tc.grad_clip > 0 and norm > tc.grad_clip),
             "clip_fraction": window.clipped / steps_in_window, "skipped": window.skipped,
-            "tokens_per_s": tps, "mfu": self.flops_tok * tps / self.peak_total if self.peak_total else None,
+            "tokens_per_s": tps, **mfu_fields(self, tps),
             "stage": stage, "loader_wait_s": window.wait / steps_in_window,
             "loader_wait_share": window.wait / max(window.time, 1e-9),
             "memory_mb": memory_mb(self.device),
