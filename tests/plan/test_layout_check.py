@@ -1,0 +1,89 @@
+"""Acceptance (issue 23): a layout `smelt plan memory` recommends for a cluster, written into a config as
+the `[train]` keys it prints, is accepted by the check `smelt train --check` runs on the layout
+(train/mesh.py's check_layout_keys) for exactly the cluster's GPUs, and `smelt launch` lays it out on the
+cluster's nodes with tensor parallelism inside a node.
+
+The models here are billions of parameters, so the pilot checks that follow in `--check` (which build
+the model on the CPU) are not run; the layout check is the part that reads these keys."""
+
+import json
+import re
+
+import pytest
+
+from smelt.cli import main
+from smelt.config import load_config
+from smelt.train.mesh import check_layout_keys
+
+LLAMA_30B = (
+    '[model]\npreset = "llama-7b"\nd_model = 6656\nn_layers = 60\nn_heads = 52\nn_kv_heads = 52\n'
+    "max_seq_len = 4096\n"
+)  # the shape of LLaMA 33B: 32.5B parameters at a 32,768 vocabulary
+
+
+def recommend(tmp_path, model: str, gpus: int, per_node: int, gpu_memory: float, capsys) -> dict:
+    """`smelt plan memory --config` for the cluster; its --json (train_keys, not_built, layout)."""
+    path = tmp_path / "model.toml"
+    path.write_text(model)
+    out = tmp_path / "plan.json"
+    args = ["plan", "memory", "--config", path, "--gpus", gpus, "--gpus-per-node", per_node]
+    code = main([str(a) for a in [*args, "--gpu-memory", gpu_memory, "--json", out]])
+    capsys.readouterr()
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def config_with(tmp_path, model: str, keys: dict) -> str:
+    lines = [model, "[train]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
+    path = tmp_path / "run.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def processes(described: str) -> int:
+    return int(re.search(r"= (\d+) processes", described).group(1))
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "per_node", "gpu_memory", "expected"),
+    [
+        ('[model]\npreset = "llama-7b"\n', 64, 4, 24, {"tensor_parallel": 4, "data_parallel": 16}),
+        ('[model]\npreset = "llama-7b"\n', 64, 8, 80, {"tensor_parallel": 1, "data_parallel": 64}),
+    ],
+    ids=["7b-64x24GB-tp4", "7b-64x80GB-fsdp64"],
+)
+def test_recommended_layout_passes_the_check_on_the_clusters_gpus(
+    tmp_path, capsys, model, gpus, per_node, gpu_memory, expected
+):
+    plan = recommend(tmp_path, model, gpus, per_node, gpu_memory, capsys)
+    assert plan["not_built"] == []
+    keys = plan["train_keys"]
+    assert {k: keys[k] for k in expected} == expected and keys["parallel"] == "fsdp"
+    path = config_with(tmp_path, model, keys)
+    assert processes(check_layout_keys(load_config(path))) == gpus
+
+    code = main(["launch", path, "--nodes", str(gpus // per_node), "--gpus-per-node", str(per_node)])
+    out = capsys.readouterr().out
+    assert code == 0 and f"= {gpus} processes: {gpus // per_node} node(s)" in out
+    if keys["tensor_parallel"] > 1:
+        assert re.search(r"tp +4  inside a node", out)
+
+
+def test_30b_on_256_gpus_with_pipeline_stages(tmp_path, capsys):
+    """The plan's TP 4 x PP 2 x DP 32: once plan/layout_keys.py emits train.pipeline_parallel (pipeline
+    parallelism built), the check accepts all 256 GPUs; until then the plan says PP is not built, and
+    its keys without PP are refused by `smelt launch` on the 256 GPUs, naming the key to change."""
+    plan = recommend(tmp_path, LLAMA_30B, 256, 8, 80, capsys)
+    keys = plan["train_keys"]
+    assert keys["tensor_parallel"] == 4 and keys["data_parallel"] == 32
+    path = config_with(tmp_path, LLAMA_30B, keys)
+    if keys.get("pipeline_parallel", 1) == 2:
+        assert plan["not_built"] == []
+        assert processes(check_layout_keys(load_config(path))) == 256
+        assert main(["launch", path, "--nodes", "32", "--gpus-per-node", "8"]) == 0
+        return
+    assert plan["not_built"] and plan["not_built"][0].startswith("PP 2: pipeline parallelism is not built")
+    assert processes(check_layout_keys(load_config(path))) == 128  # TP x DP: half the cluster
+    assert main(["launch", path, "--nodes", "32", "--gpus-per-node", "8"]) == 2
+    assert "train.data_parallel (32) x train.tensor_parallel (4) = 128 processes" in capsys.readouterr().err
