@@ -230,3 +230,25 @@ def test_tiny_ladder_trains_on_cpu_and_fits(tmp_path, shared_data, cli, capsys):
     final = sorted(p for p in (rung / "checkpoints").iterdir() if (p / "COMMITTED").is_file())[-1]
     assert json.loads((final / "meta.json").read_text())["world_size"] == 2
     assert json.loads((rung / "summary.json").read_text())["final_val_loss"] > 0
+
+
+def test_rungs_on_more_gpus_than_a_node_are_multi_node_launches(tmp_path):
+    config = base_config(tmp_path, tensor_parallel=2)
+    cfg = load_config(config)
+    rungs = L.chinchilla_ladder(cfg.model, 384, 1024, sizes=3, tokens_per_param=10)
+    for rung, command in zip(rungs, L.train_commands(cfg, str(config), [], rungs, 16, 8), strict=True):
+        words = shlex.split(command)
+        assert words[:11] == [
+            "torchrun", "--nnodes", "2", "--nproc-per-node", "8", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", "${MASTER_ADDR:?the first node}:29500", "--rdzv-id", f"smelt-{rung.name}",
+        ]  # fmt: skip
+        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+        # 16 GPUs in replicas of tensor_parallel 2: 8 data-parallel ranks share the 16 sequences a step.
+        assert sets[-2:] == ["train.batch_tokens=1024", "train.micro_batch=2"]
+    script = L.slurm_script(cfg, str(config), [], rungs, 16, 8)
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gpus-per-node=8\n" in script
+    assert 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)' in script
+    assert script.count('srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node 8') == len(rungs)
+    assert '--rdzv-endpoint "$MASTER_ADDR:29500" --rdzv-id "$SLURM_JOB_ID"' in script
+    with pytest.raises(UserError, match=r"--gpus-per-run 12 spans nodes of --gpus-per-node 8 .* \(8 or 16\)"):
+        L.train_commands(cfg, str(config), [], rungs, 12, 8)

@@ -161,6 +161,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     action.add_argument("--prepare", action="store_true", help="create the rung run directories only")
     action.add_argument("--emit", choices=("torchrun", "slurm"), help="write cluster commands")
     p.add_argument("--gpus-per-run", type=int, default=1, help="GPUs per rung in emitted commands")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="a rung on more GPUs runs on several nodes")
     p.add_argument("--bootstrap", type=int, default=100, help="bootstrap resamples of the fit after --run")
     p.add_argument("--force", action="store_true", help="retrain rungs that are up to date")
     p.set_defaults(func=_ladder)
@@ -437,14 +438,14 @@ def _ladder(args: argparse.Namespace) -> int:
     elif args.emit:
         out = L.ladder_dir(cfg)
         commands = L.data_commands(args.config, args.overrides) + L.train_commands(
-            cfg, args.config, args.overrides, rungs, args.gpus_per_run
+            cfg, args.config, args.overrides, rungs, args.gpus_per_run, args.gpus_per_node
         )
         commands.append(f"smelt scaling fit {out}")
         (out / "commands.sh").write_text("#!/bin/bash\nset -euo pipefail\n" + "\n".join(commands) + "\n")
         print(f"\nwritten: {out / 'commands.sh'}")
         if args.emit == "slurm":
             (out / "slurm.sh").write_text(
-                L.slurm_script(cfg, args.config, args.overrides, rungs, args.gpus_per_run)
+                L.slurm_script(cfg, args.config, args.overrides, rungs, args.gpus_per_run, args.gpus_per_node)
             )
             print(f"written: {out / 'slurm.sh'} (sbatch after the first four lines of commands.sh)")
     elif args.run:

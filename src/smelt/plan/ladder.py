@@ -222,38 +222,77 @@ def prepare_rung(cfg: Config, rung: Rung) -> Config:
     return rcfg
 
 
+RDZV_PORT = 29500
+
+
+def launcher(gpus_per_run: int, gpus_per_node: int, rdzv_id: str, slurm: bool = False) -> str:
+    """torchrun for one rung: standalone when it fits one node, else one agent per node meeting over a c10d
+    rendezvous at the first node ($MASTER_ADDR: set it on every node, or let the Slurm script set it)."""
+    if gpus_per_run <= gpus_per_node:
+        return f"torchrun --standalone --nproc-per-node {gpus_per_run} -m smelt.cli"
+    if gpus_per_run % gpus_per_node:
+        raise UserError(
+            f"--gpus-per-run {gpus_per_run} spans nodes of --gpus-per-node {gpus_per_node} but is not a multiple "
+            f"of it; use whole nodes ({gpus_per_run // gpus_per_node * gpus_per_node} or "
+            f"{(gpus_per_run // gpus_per_node + 1) * gpus_per_node})."
+        )
+    nodes = '"$SLURM_NNODES"' if slurm else str(gpus_per_run // gpus_per_node)
+    endpoint = f'"$MASTER_ADDR:{RDZV_PORT}"' if slurm else f'"${{MASTER_ADDR:?the first node}}:{RDZV_PORT}"'
+    rdzv_id = '"$SLURM_JOB_ID"' if slurm else shlex.quote(rdzv_id)
+    return (
+        f"{'srun ' if slurm else ''}torchrun --nnodes {nodes} --nproc-per-node {gpus_per_node} --rdzv-backend c10d "
+        f"--rdzv-endpoint {endpoint} --rdzv-id {rdzv_id} -m smelt.cli"
+    )
+
+
 def train_commands(
-    cfg: Config, config_path: str, overrides: list[str], rungs: list[Rung], gpus_per_run: int
+    cfg: Config,
+    config_path: str,
+    overrides: list[str],
+    rungs: list[Rung],
+    gpus_per_run: int,
+    gpus_per_node: int = 8,
+    slurm: bool = False,
 ) -> list[str]:
-    """One `torchrun ... smelt.cli train` line per rung (run after the data stages and `--prepare`)."""
+    """One `torchrun ... smelt.cli train` line per rung (run after the data stages and `--prepare`); a rung
+    on more GPUs than a node has runs on every node of its launch (see `launcher`)."""
     lines = []
     for rung in rungs:
+        command = launcher(gpus_per_run, gpus_per_node, f"smelt-{rung.name}", slurm)
         rcfg = rung_config(cfg, rung)
         sets = [*overrides, f"run.dir={json.dumps(rcfg.run.dir)}", f"run.name={json.dumps(rung.name)}"]
         sets += [f"{k}={v}" for k, v in rung.overrides().items()]
         sets += [f"train.warmup_tokens={rcfg.train.warmup_tokens}", 'model.preset=""']
         sets += batch_for_ranks(rcfg, gpus_per_run)
         args = " ".join(f"--set {shlex.quote(s)}" for s in sets)
-        launcher = f"torchrun --standalone --nproc-per-node {gpus_per_run} -m smelt.cli"
-        lines.append(f"{launcher} train {shlex.quote(config_path)} {args}")
+        lines.append(f"{command} train {shlex.quote(config_path)} {args}")
     return lines
 
 
 def batch_for_ranks(cfg: Config, ranks: int) -> list[str]:
     """Overrides that keep the rung's global batch on `ranks` processes: the same batch_tokens, with a
-    micro batch small enough that every rank gets whole micro batches (accumulation makes up the rest).
+    micro batch small enough that every data-parallel rank gets whole micro batches (accumulation makes up
+    the rest). The ranks of one model replica (tensor x context x pipeline parallel) share their rows.
     Rungs compared in a fit must see the same batch, whatever the hardware they ran on."""
-    if ranks <= 1:
+    tc = cfg.train
+    replica = tc.tensor_parallel * tc.context_parallel * tc.pipeline_parallel
+    if ranks % replica:
+        raise UserError(
+            f"--gpus-per-run {ranks} is not a multiple of the {replica} processes of one model replica "
+            f"(train.tensor_parallel x context_parallel x pipeline_parallel)."
+        )
+    data_ranks = ranks // replica
+    if data_ranks <= 1:
         return []
-    seq, micro = cfg.train.seq_len, cfg.train.micro_batch
-    batch = cfg.train.batch_tokens or seq * micro
+    seq, micro = tc.seq_len, tc.micro_batch
+    batch = tc.batch_tokens or seq * micro
     for size in range(micro, 0, -1):
-        if batch % (seq * size * ranks) == 0:
+        if batch % (seq * size * data_ranks) == 0:
             return [f"train.batch_tokens={batch}", f"train.micro_batch={size}"]
     raise UserError(
-        f"--gpus-per-run {ranks}: train.batch_tokens = {batch} cannot be split into {ranks} ranks of whole "
-        f"sequences of train.seq_len = {seq}. Use a --gpus-per-run that divides {batch // seq} or raise "
-        f"train.batch_tokens."
+        f"--gpus-per-run {ranks}: train.batch_tokens = {batch} cannot be split into {data_ranks} data-parallel "
+        f"ranks of whole sequences of train.seq_len = {seq}. Use a --gpus-per-run that divides {batch // seq} "
+        f"or raise train.batch_tokens."
     )
 
 
@@ -270,23 +309,36 @@ def data_commands(config_path: str, overrides: list[str]) -> list[str]:
 
 
 def slurm_script(
-    cfg: Config, config_path: str, overrides: list[str], rungs: list[Rung], gpus_per_run: int
+    cfg: Config,
+    config_path: str,
+    overrides: list[str],
+    rungs: list[Rung],
+    gpus_per_run: int,
+    gpus_per_node: int = 8,
 ) -> str:
-    """An sbatch array job, one task per rung. Submit it after the data stages have run."""
-    commands = train_commands(cfg, config_path, overrides, rungs, gpus_per_run)
+    """An sbatch array job, one task per rung, each task on as many nodes as a rung needs. Submit it after
+    the data stages have run."""
+    commands = train_commands(cfg, config_path, overrides, rungs, gpus_per_run, gpus_per_node, slurm=True)
+    nodes = max(1, gpus_per_run // gpus_per_node)
     out_dir = ladder_dir(cfg)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name=smelt-ladder-{cfg.run.name}",
         f"#SBATCH --array=0-{len(rungs) - 1}",
-        "#SBATCH --nodes=1",
-        f"#SBATCH --gpus-per-node={gpus_per_run}",
+        f"#SBATCH --nodes={nodes}",
+        *(["#SBATCH --ntasks-per-node=1"] if nodes > 1 else []),
+        f"#SBATCH --gpus-per-node={min(gpus_per_run, gpus_per_node)}",
         f"#SBATCH --output={out_dir}/slurm-%A_%a.out",
         "# Before submitting: the data stages and rung directories (see commands.sh, first four lines).",
         "# After the array finishes: smelt scaling fit " + shlex.quote(str(out_dir)),
         "set -euo pipefail",
-        'case "$SLURM_ARRAY_TASK_ID" in',
     ]
+    if nodes > 1:  # one torchrun per node (srun), meeting at the first node of the task's allocation
+        lines += [
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            "export MASTER_ADDR",
+        ]
+    lines.append('case "$SLURM_ARRAY_TASK_ID" in')
     for i, command in enumerate(commands):
         lines.append(f"  {i}) {command} ;;")
     lines += ['  *) echo "no rung $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
