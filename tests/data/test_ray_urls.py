@@ -1,5 +1,6 @@
 """Source roots and the documents directory given as URLs (fsspec): file://, and a remote store
-(fsspec's in-memory filesystem stands in for s3:// or gs://, whose packages are not installed here)."""
+(fsspec's in-memory filesystem stands in for s3:// or gs://, whose packages are not installed here).
+Documents written to a store's URL: tests/data/test_url_outputs.py."""
 
 from __future__ import annotations
 
@@ -85,5 +86,3 @@ def test_url_user_errors(tmp_path):
         curate(_config("file://otherhost/data", tmp_path / "cache"), tmp_path / "out")
     with pytest.raises(UserError, match=r"root 'memory://nothing-here' has no files \(or does not exist\)"):
         curate(_config("memory://nothing-here", tmp_path / "cache"), tmp_path / "out")
-    with pytest.raises(UserError, match=r"is a remote URL; curate writes to a local or shared filesystem"):
-        curate(_config("memory://nothing-here", tmp_path / "cache"), "s3://bucket/documents")

@@ -53,16 +53,18 @@ from smelt.data.sources import resolve_all
 from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
 from smelt.data.stats import KeptStats, build_stats, loss_warnings, removed_chars, warning_text
 from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
-from smelt.data.urls import local_path, url_protocol
+from smelt.data.urls import is_remote, local_path, publish, staging_dir
 from smelt.data.work_units import WorkShard, plan_shards, read_plan, write_plan
-from smelt.data.writer import PartWriter, clear_outputs, write_quarantine
-from smelt.errors import UserError
+from smelt.data.writer import QUARANTINE_DIR, PartWriter, clear_outputs, write_quarantine
 from smelt.executors import TaskExecutor, make_executor, start_method
 from smelt.manifest import write_json
 from smelt.progress import log, progress
 
 WORK_DIR = "_work"
 MIN_SHARD_BYTES = 1 << 20
+# What a curate run replaces in a documents directory: a store's copy loses the files of these that the
+# new run did not write.
+OWNED_OUTPUTS = (*SPLITS, QUARANTINE_DIR)
 
 
 def resolve_sources(cfg: DataConfig) -> dict[str, list[Path]]:
@@ -145,13 +147,14 @@ def _plan(
 def curate(cfg: DataConfig, out_dir: Path | str) -> dict:
     """Run the curation; write documents; return the stats dict (also written to out_dir/stats.json).
     `out_dir` may be a file:// URL; the map tasks write under it, so on a cluster it is a path every node
-    shares."""
-    if url_protocol(str(out_dir)) not in (None, "file"):
-        raise UserError(
-            f"the documents directory {str(out_dir)!r} is a remote URL; curate writes to a local or shared "
-            f"filesystem path (or a file:// URL). Point the run directory there and copy the documents "
-            f"to the store afterwards."
-        )
+    shares. A store's URL (s3://...) gets the documents from a staging directory under `data.url_cache`
+    (where the map tasks write), published when the run is done (data/urls.py)."""
+    if is_remote(str(out_dir)):
+        staging = staging_dir(cfg.url_cache, str(out_dir))
+        log(f"curate: writing under {staging}, then to {out_dir}")
+        stats = curate(cfg, staging)
+        publish(staging, str(out_dir), "curate", OWNED_OUTPUTS, last=("stats.json",))
+        return stats
     out_dir = Path(local_path(str(out_dir)))
     check_units(cfg)
     check_scope(cfg.near_dedup)

@@ -1,6 +1,6 @@
-"""Source roots given as URLs, read through fsspec.
+"""Inputs and outputs given as URLs, through fsspec.
 
-`file:///data/crawl` is the local directory `/data/crawl`. Any other protocol fsspec knows
+Inputs: `file:///data/crawl` is the local directory `/data/crawl`. Any other protocol fsspec knows
 (`s3://bucket/prefix` with s3fs installed, `gs://` with gcsfs, `hf://`, `memory://`, ...) is listed
 where it lies; the files the source's include/exclude patterns (and `max_files`) select are copied into
 a local mirror under `data.url_cache`, and curation reads the mirror. The mirror keeps what each file
@@ -10,6 +10,13 @@ put `data.url_cache` on the filesystem every node shares, like the run directory
 
 Documents' ids and `file` fields are paths relative to the root, so a corpus read from a URL gives the
 same documents as the same files read from a local directory.
+
+Outputs: a stage asked to write to a remote URL writes its output to a local staging directory (with
+its usual completion markers and resume), then `publish` copies the tree to the URL: data files first,
+then completion markers, then the files that say the output is complete (`stats.json`), each committed
+in an index beside the staging directory once the store holds it; a rerun uploads only what is not
+committed or has changed, and removes from the store the stage's files the new output no longer has.
+The store's tree is byte for byte the local one.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +88,21 @@ def _filesystem(source: SourceConfig, protocol: str):
 
 def mirror_dir(cache: str, url: str) -> Path:
     """Where a remote root is mirrored: readable, and unique per URL."""
+    return _cache_dir(cache, url, "")
+
+
+def staging_dir(cache: str, url: str) -> Path:
+    """Where a stage writes the output it publishes to a remote URL: readable, and unique per URL."""
+    return _cache_dir(cache, url, "outputs")
+
+
+def _cache_dir(cache: str, url: str, kind: str) -> Path:
     base = Path(os.path.expanduser(cache or DEFAULT_CACHE)).resolve()
     protocol = url_protocol(url) or "file"
     rest = url.split("://", 1)[1].strip("/")
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", rest)[-80:] or "root"
     digest = hashlib.blake2b(url.rstrip("/").encode(), digest_size=6).hexdigest()
-    return base / protocol / f"{readable}-{digest}"
+    return (base / kind if kind else base) / protocol / f"{readable}-{digest}"
 
 
 def _version(info: dict[str, Any]) -> dict[str, Any]:
@@ -147,3 +163,139 @@ def _mirror(source: SourceConfig, protocol: str, cache: str, wanted: Callable[[s
         index[rel] = _version(selected[rel])
         index_path.write_text(json.dumps(index, sort_keys=True))
     return target
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs
+
+PUBLISHED = ".published.json"  # beside the staging directory: what the store holds of it
+MARKER_SUFFIX = ".done"
+
+
+def is_remote(text: str) -> bool:
+    """A URL of a store (s3://, gs://, memory://, ...), not a plain path or a file:// URL."""
+    return url_protocol(text) not in (None, "file")
+
+
+def _output_filesystem(url: str, what: str):
+    import fsspec
+
+    protocol = url_protocol(url) or "file"
+    try:
+        fs = fsspec.filesystem(protocol)
+    except (ImportError, ValueError) as exc:
+        raise UserError(
+            f"the {what} URL {url!r} needs the fsspec filesystem for {protocol}://, which is not "
+            f"available ({exc}). Install its package (s3fs for s3://, gcsfs for gs://, adlfs for az://), "
+            f"or write to a local path."
+        ) from exc
+    return fs, fs._strip_protocol(url).rstrip("/")
+
+
+def _digest(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def publish(local: Path, url: str, what: str, owned: Iterable[str], last: Sequence[str] = ()) -> int:
+    """Make the tree under the store's `url` the tree under `local` (temporary `*.tmp` files and the
+    `_work` directory left out); return how many files were uploaded. Order: data files, then completion
+    markers (`*.done`), then the top-level files named in `last` (what says the output is complete),
+    which are first removed from the store while anything else changes. Files of the store under the
+    top-level names in `owned` that `local` no longer has are removed. `what` names the output in
+    messages ("documents", "tokens")."""
+    fs, root = _output_filesystem(url, what)
+    files = sorted(
+        p.relative_to(local).as_posix()
+        for p in local.rglob("*")
+        if p.is_file() and not p.name.endswith(".tmp") and p.relative_to(local).parts[0] != "_work"
+    )
+    try:
+        remote = {
+            path.removeprefix(root).lstrip("/"): int(info.get("size") or 0)
+            for path, info in fs.find(root, detail=True).items()
+            if info.get("type", "file") == "file"
+        }
+    except FileNotFoundError:
+        remote = {}
+    index_path = local.with_name(local.name + PUBLISHED)
+    committed = _read_published(index_path, url)
+    digests = {rel: _digest(local / rel) for rel in files}
+    todo = {
+        rel
+        for rel in files
+        if committed.get(rel) != digests[rel] or remote.get(rel) != (local / rel).stat().st_size
+    }
+    owned = set(owned)
+    stale = [rel for rel in remote if rel not in digests and rel.split("/", 1)[0] in owned]
+    if not todo and not stale:
+        return 0
+    log(f"{what}: publishing {len(todo)} of {len(files)} files to {url}")
+
+    log_file = _published_log(index_path, url, committed)
+    try:
+        for rel in [*last, *stale]:  # the store's output is visibly incomplete until it is whole again
+            if rel in remote:
+                fs.rm_file(f"{root}/{rel}")
+                _commit(log_file, rel, None)
+            if rel in digests:
+                todo.add(rel)
+        for rel in sorted(todo, key=lambda rel: _upload_rank(rel, last)):
+            target = f"{root}/{rel}"
+            fs.makedirs(fs._parent(target), exist_ok=True)
+            fs.put_file(str(local / rel), target)
+            size, stored = (local / rel).stat().st_size, fs.size(target)
+            if stored != size:
+                raise OSError(f"{url}/{rel}: the store holds {stored} bytes after the upload, not {size}")
+            _commit(log_file, rel, digests[rel])
+    finally:
+        log_file.close()
+    return len(todo)
+
+
+def _upload_rank(rel: str, last: Sequence[str]) -> tuple:
+    """Data files first, then completion markers, then what says the whole output is complete."""
+    if rel in last:
+        return (2, last.index(rel), rel)
+    return (1 if rel.endswith(MARKER_SUFFIX) else 0, 0, rel)
+
+
+def _read_published(index_path: Path, url: str) -> dict[str, str]:
+    """The files committed to `url` (their digests) by earlier publishes of this staging directory."""
+    committed: dict[str, str] = {}
+    try:
+        lines = index_path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return committed
+    try:
+        if not lines or json.loads(lines[0]).get("url") != url:
+            return committed
+    except (ValueError, AttributeError):
+        return committed
+    for line in lines[1:]:
+        try:
+            rel, digest = json.loads(line)
+        except ValueError:  # the line a killed publish was writing
+            continue
+        if digest is None:
+            committed.pop(rel, None)
+        else:
+            committed[rel] = digest
+    return committed
+
+
+def _published_log(index_path: Path, url: str, committed: dict[str, str]):
+    """The index, rewritten with what is committed now and open to append a line per file committed."""
+    tmp = index_path.with_name(index_path.name + ".tmp")
+    lines = [json.dumps({"url": url}), *(json.dumps([rel, committed[rel]]) for rel in sorted(committed))]
+    tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, index_path)
+    return open(index_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by publish
+
+
+def _commit(log_file, rel: str, digest: str | None) -> None:
+    log_file.write(json.dumps([rel, digest]) + "\n")
+    log_file.flush()

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from smelt.config import TokensConfig
+from smelt.data.urls import is_remote, local_path, publish, staging_dir
 from smelt.documents import open_part
 from smelt.errors import UserError
 from smelt.executors import ProcessPool, TaskExecutor, make_executor
@@ -202,7 +203,12 @@ def _batches(
 
 
 def tokenize(
-    cfg: TokensConfig, documents_dir: Path, tokenizer_dir: Path, out_dir: Path, workers: int | None = None
+    cfg: TokensConfig,
+    documents_dir: Path,
+    tokenizer_dir: Path,
+    out_dir: Path | str,
+    workers: int | None = None,
+    url_cache: str = "",
 ) -> dict[str, Any]:
     """Encode every split/source of documents into out_dir/<split>/<source>/NNNNN.bin + NNNNN.idx.
 
@@ -210,9 +216,19 @@ def tokenize(
     out_dir/shards.json (every shard's checksums and counts) and out_dir/stats.json; returns the stats
     (with throughput figures). Per source: documents, tokens (the stream, EOS/BOS included), bytes (UTF-8
     of the text), bytes_per_token (bytes over text tokens), shards. `workers` overrides `cfg.workers`.
+    `out_dir` may be a file:// URL, or a store's URL (s3://...): then the shards are written to a staging
+    directory under `url_cache` (default ~/.cache/smelt/urls), where a rerun resumes, and published to
+    the store (data/urls.py), `.done` markers after their shards and shards.json last.
     """
+    if is_remote(str(out_dir)):
+        staging = staging_dir(url_cache, str(out_dir))
+        log(f"[tokenize] writing under {staging}, then to {out_dir}")
+        result = tokenize(cfg, documents_dir, tokenizer_dir, staging, workers)
+        publish(staging, str(out_dir), "tokenize", result["splits"], last=(STATS_JSON, SHARDS_JSON))
+        return result
     started = time.time()
-    documents_dir, out_dir, tokenizer_dir = Path(documents_dir), Path(out_dir), Path(tokenizer_dir)
+    documents_dir, tokenizer_dir = Path(documents_dir), Path(tokenizer_dir)
+    out_dir = Path(local_path(str(out_dir)))
     tokenizer = Tokenizer.load(tokenizer_dir)
     if not documents_dir.is_dir() or not _splits(documents_dir):
         raise UserError(

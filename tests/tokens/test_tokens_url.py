@@ -1,0 +1,46 @@
+"""Token shards written to a store's URL: the local bytes, each `.done` marker after its shard, the
+manifest last, and a rerun that resumes locally and uploads nothing new."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from smelt.config import TokensConfig
+from smelt.tokens.tokenize import tokenize
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_token_shards_to_a_store(tmp_path, documents, tokenizer_dir, monkeypatch):
+    memory = type(fsspec.filesystem("memory"))
+    put_file = memory.put_file
+    uploads: list[str] = []
+    monkeypatch.setattr(
+        memory, "put_file", lambda fs, src, dst, **kw: uploads.append(dst) or put_file(fs, src, dst, **kw)
+    )
+    cfg = TokensConfig(shard_tokens=300, batch_docs=4)
+    url = f"memory://smelt-tokens-{tmp_path.name}/tokens"
+    local = tokenize(cfg, documents, tokenizer_dir, tmp_path / "local")
+    remote = tokenize(cfg, documents, tokenizer_dir, url, url_cache=str(tmp_path / "cache"))
+    assert remote["tokens"] == local["tokens"] and local["shards"] > 2
+
+    fs = fsspec.filesystem("memory")
+    root = fs._strip_protocol(url)
+    stored = {path.removeprefix(root).lstrip("/"): fs.cat_file(path) for path in fs.find(root)}
+    assert stored == _tree(tmp_path / "local")  # byte for byte
+    names = [u.removeprefix(root).lstrip("/") for u in uploads]
+    assert names[-1] == "shards.json"  # what readers check the shards against comes last
+    for marker in (n for n in names if n.endswith(".done")):
+        shard = marker.removesuffix(".done")
+        assert names.index(f"{shard}.bin") < names.index(marker) > names.index(f"{shard}.idx")
+
+    uploads.clear()
+    again = tokenize(cfg, documents, tokenizer_dir, url, url_cache=str(tmp_path / "cache"))
+    assert again["resumed_shards"] == local["shards"]  # the staging directory kept every shard
+    assert uploads == []  # the same bytes: nothing to upload
