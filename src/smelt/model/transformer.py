@@ -16,6 +16,8 @@ built once per forward, as flex attention's BlockMask or a dense SDPA mask (see 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -83,6 +85,19 @@ def position_ids_from_doc_ids(doc_ids: torch.Tensor) -> torch.Tensor:
     return pos - start_of
 
 
+@dataclass
+class GatheredKV:
+    """Attention of a context-parallel rank (train/context_parallel.py): its queries are a part of the
+    sequence, and every layer gathers the keys and values of the whole sequence from the other ranks.
+
+    `gather`: [B, H, T_local, hd] -> [B, H, T, hd] along the sequence, with autograd; `mask`: boolean
+    [B or 1, 1, T_local, T], causal and within one document by the global positions of both sides.
+    """
+
+    gather: Callable[[torch.Tensor], torch.Tensor]
+    mask: torch.Tensor
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -102,7 +117,7 @@ class Attention(nn.Module):
         rope: torch.Tensor | None,
         cache: KVCache | None = None,
         layer: int = 0,
-        mask: AttentionMask = None,
+        mask: AttentionMask | GatheredKV = None,
     ) -> torch.Tensor:
         """rope None: a NoPE layer. mask None: plain causal attention (or a single decode step);
         else the forward's document mask, a dense boolean tensor or a flex BlockMask."""
@@ -116,6 +131,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if isinstance(mask, GatheredKV):  # after RoPE: each rank rotates its own rows by their positions
+            k, v, mask = mask.gather(k), mask.gather(v), mask.mask
         causal = mask is None
         if cache is not None:
             if mask is None and cache.pos > 0:
@@ -286,6 +303,7 @@ class Transformer(nn.Module):
         doc_ids: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         loss_parts: bool = False,
+        gathered_kv: GatheredKV | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | dict[str, torch.Tensor] | None]:
         """Logits [B, T, V] and, with targets, the loss (mean, or [B, T] with reduction="none").
 
@@ -296,7 +314,9 @@ class Transformer(nn.Module):
 
         doc_ids [B, T]: positions with different ids never attend to each other (intra-document
         masking for packed sequences). position_ids [B, T]: RoPE positions (default: start + 0..T-1);
-        pass position_ids_from_doc_ids(doc_ids) to restart them at each document.
+        pass position_ids_from_doc_ids(doc_ids) to restart them at each document. gathered_kv: idx is
+        this rank's part of the sequence under context parallelism (see GatheredKV); it replaces the
+        document mask, and position_ids must give the global positions.
         """
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
@@ -308,8 +328,10 @@ class Transformer(nn.Module):
             rope = self.rope[position_ids].unsqueeze(1)  # [B, 1, T, r/2, 2]
         # One mask for every layer. A KV cache (generation) keeps the dense form: its queries start
         # at cache.pos, and prefill runs once per prompt batch, so flex's compile would not pay off.
-        mask: AttentionMask = None
-        if cache is not None and doc_ids is not None:
+        mask: AttentionMask | GatheredKV = None
+        if gathered_kv is not None:
+            mask = gathered_kv
+        elif cache is not None and doc_ids is not None:
             mask = dense_mask(doc_ids, cache.store_doc_ids(doc_ids), start, T, idx.device)
         elif doc_ids is not None:
             mask = document_mask(doc_ids, self.cfg.attention)

@@ -120,7 +120,8 @@ def wrap_model(
     FSDP2 shards each transformer block as its own unit and the rest (embedding, final norm and the
     head, which may be tied to the embedding and must then live in one unit) at the root. A `mesh`
     with a "tp" dimension > 1 shards the model over it first (tensor_parallel.py) and FSDP2 then
-    runs on the data-parallel sub-mesh.
+    runs on the data-parallel sub-mesh; a "cp" dimension > 1 splits each sequence over it
+    (context_parallel.py), with FSDP2 or DDP over the data-parallel x cp ranks.
     """
     if mode not in MODES:
         raise ConfigError(f"train.parallel = {mode!r} is not one of {', '.join(MODES)}.")
@@ -130,6 +131,10 @@ def wrap_model(
         from smelt.train.tensor_parallel import wrap_tensor_parallel
 
         return wrap_tensor_parallel(model, mesh)
+    if mesh is not None and mesh.context_parallel:
+        from smelt.train.context_parallel import wrap_context_parallel
+
+        return wrap_context_parallel(model, mode, mesh, device)
     if mode == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 

@@ -133,17 +133,31 @@ def check_pipeline_parallel(cfg: Config) -> None:
 
 
 def check_context_parallel(cfg: Config) -> None:
-    """ConfigError unless each sequence splits into 2 x train.context_parallel equal chunks (load balance)."""
-    cp, tc = cfg.train.context_parallel, cfg.train
+    """ConfigError unless each sequence splits into 2 x train.context_parallel equal chunks (load balance)
+    and the rest of the config composes with context parallelism (context_parallel.py)."""
+    cp, m, tc = cfg.train.context_parallel, cfg.model, cfg.train
     if cp == 1:
         return
+    problems = []
     if tc.seq_len % (2 * cp):
-        raise ConfigError(
-            f"train.context_parallel = {cp} splits each sequence into {2 * cp} chunks (two per rank, one "
-            f"early and one late, so causal attention costs every rank the same), but train.seq_len "
-            f"({tc.seq_len}) is not a multiple of {2 * cp}."
+        problems.append(
+            f"it splits each sequence into {2 * cp} chunks (two per rank, one early and one late, so causal "
+            f"attention costs every rank the same), but train.seq_len ({tc.seq_len}) is not a multiple of {2 * cp}"
         )
-    raise ConfigError(f"train.context_parallel = {cp}: context parallelism is not built yet; set it to 1.")
+    for key, size in (("tensor_parallel", tc.tensor_parallel), ("pipeline_parallel", tc.pipeline_parallel)):
+        if size > 1:
+            problems.append(f"train.{key} ({size}) does not compose with it yet; set one of the two to 1")
+    if m.moe_experts or tc.expert_parallel > 1:
+        problems.append(
+            "MoE layers (model.moe_experts, train.expert_parallel) are not built for it: their balancing "
+            "loss and load counts would see only each rank's part of the sequence"
+        )
+    if tc.compile:
+        problems.append(
+            "train.compile is not built for it (collectives inside the attention); set it to false"
+        )
+    if problems:
+        raise ConfigError(f"train.context_parallel = {cp} cannot be used: {'; '.join(problems)}.")
 
 
 def check_tensor_parallel(cfg: Config) -> None:
@@ -217,6 +231,10 @@ class TrainMesh:
     @property
     def tensor_parallel(self) -> bool:
         return self.layout.tp > 1
+
+    @property
+    def context_parallel(self) -> bool:
+        return self.layout.cp > 1
 
     def tp_mesh(self) -> Any:
         return self.mesh["tp"]
