@@ -90,9 +90,13 @@ def _stage_config(cfg: Config, stage: str) -> dict[str, Any]:
 def _stage_inputs(cfg: Config, stage: str) -> dict[str, str]:
     if stage == "curate":
         from smelt.data.curate import resolve_sources
+        from smelt.data.urls import StoreFile, listing_hash
 
         inputs = {}
         for source, files in resolve_sources(cfg.data).items():
+            if files and isinstance(files[0], StoreFile):  # a store's files, by the versions it lists
+                inputs[f"raw:{source}"] = listing_hash(files)
+                continue
             root = Path(_common_root(files))
             inputs[f"raw:{source}"] = hash_files(files, root)
         return inputs

@@ -4,11 +4,13 @@ Documents written to a store's URL: tests/data/test_url_outputs.py."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import fsspec
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from smelt.config import DataConfig, SourceConfig
 from smelt.data.curate import curate
@@ -86,3 +88,61 @@ def test_url_user_errors(tmp_path):
         curate(_config("file://otherhost/data", tmp_path / "cache"), tmp_path / "out")
     with pytest.raises(UserError, match=r"root 'memory://nothing-here' has no files \(or does not exist\)"):
         curate(_config("memory://nothing-here", tmp_path / "cache"), tmp_path / "out")
+
+
+class FolderStore(LocalFileSystem):
+    """A store whose buckets are folders: teststore://bucket/key is $SMELT_TEST_STORE/bucket/key. Every
+    file fetched is noted with the process that fetched it, in $SMELT_TEST_STORE.fetches."""
+
+    protocol = ("teststore",)
+
+    @classmethod
+    def _strip_protocol(cls, path):
+        path = str(path)
+        if path.startswith("teststore://"):
+            return os.path.join(os.environ["SMELT_TEST_STORE"], path.removeprefix("teststore://")).rstrip("/")
+        return super()._strip_protocol(path)
+
+    def get_file(self, path1, path2, *args, **kwargs):
+        with open(os.environ["SMELT_TEST_STORE"] + ".fetches", "a") as log:
+            log.write(f"{os.getpid()} {Path(path1).name}\n")
+        return super().get_file(path1, path2, *args, **kwargs)
+
+
+@pytest.mark.slow
+def test_store_files_are_read_by_the_tasks_not_the_driver(speeches, tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    shutil.copytree(speeches, store / "bucket" / "corpus")
+    monkeypatch.setenv("SMELT_TEST_STORE", str(store))
+    fsspec.register_implementation("teststore", FolderStore, clobber=True)  # forked workers inherit it
+    cache = tmp_path / "cache"
+    local_cfg, store_cfg = _config(str(speeches), cache), _config("teststore://bucket/corpus", cache)
+    local_cfg.workers = store_cfg.workers = 2
+    local = curate(local_cfg, tmp_path / "local")
+    remote = curate(store_cfg, tmp_path / "remote")
+    assert _tree(tmp_path / "remote") == _tree(tmp_path / "local") and remote == local
+    fetches = [line.split() for line in (tmp_path / "store.fetches").read_text().splitlines()]
+    assert sorted(name for _, name in fetches) == sorted(p.name for p in speeches.glob("[el]*/*.txt"))
+    assert str(os.getpid()) not in {pid for pid, _ in fetches}  # every file was read by a map task
+    assert not cache.exists()  # and nothing was mirrored by the driver
+
+
+def test_a_stores_files_key_the_curate_stage_by_their_listed_versions(speeches, tmp_path, monkeypatch):
+    from smelt.config import load_config
+    from smelt.pipeline import _stage_inputs
+
+    store = tmp_path / "store"
+    shutil.copytree(speeches, store / "bucket" / "corpus")
+    monkeypatch.setenv("SMELT_TEST_STORE", str(store))
+    fsspec.register_implementation("teststore", FolderStore, clobber=True)
+    path = tmp_path / "run.toml"
+    path.write_text(
+        f'[run]\ndir = "{tmp_path}"\n[[data.sources]]\nname = "s"\nroot = "teststore://bucket/corpus"\n'
+        f'include = ["**/*.txt"]\n'
+    )
+    cfg = load_config(path, [])
+    before = _stage_inputs(cfg, "curate")
+    changed = next((store / "bucket" / "corpus" / "late").iterdir())
+    changed.write_text(changed.read_text() + "\nOne more line.\n")
+    assert _stage_inputs(cfg, "curate") != before  # a changed file in the store makes the stage stale
+    assert not (tmp_path / "store.fetches").exists()  # keyed without reading a file

@@ -10,6 +10,7 @@ uninterrupted one. Memory per worker is bounded by one shard's documents.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import Counter
@@ -24,6 +25,7 @@ from smelt.data.ledger import Doc, Ledger
 from smelt.data.readers import read_file
 from smelt.data.split import split_hash, unit_key
 from smelt.data.steps import DocStep, run_steps
+from smelt.data.urls import task_local
 from smelt.data.work_units import WorkShard
 from smelt.executors import TaskExecutor
 from smelt.progress import log, progress
@@ -55,10 +57,13 @@ def read_shard(shard: WorkShard, steps: list[DocStep]) -> tuple[list[Doc], Ledge
     docs: list[Doc] = []
     spec = shard.spec
     for path in shard.files:
-        records = read_file(spec, Path(path), ledger, shard.start, shard.end, shard.first_line)
-        for doc in run_steps(steps, _count_read(records, ledger), ledger):
-            doc.unit_hash = split_hash(doc.source, unit_key(doc, spec.split_unit))
-            docs.append(doc)
+        # a file in a store is copied to this task's temporary directory while it is read
+        with task_local(spec.root, path) as (root, local):
+            here = spec if root == spec.root else dataclasses.replace(spec, root=root)
+            records = read_file(here, local, ledger, shard.start, shard.end, shard.first_line)
+            for doc in run_steps(steps, _count_read(records, ledger), ledger):
+                doc.unit_hash = split_hash(doc.source, unit_key(doc, spec.split_unit))
+                docs.append(doc)
     ledger.steps[("read", spec.name, "in")] += ledger.records_in[spec.name]
     return docs, ledger
 

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from smelt.config import DataConfig, SourceConfig
-from smelt.data.urls import local_source
+from smelt.data.urls import StoreFile, local_source, store_files
 from smelt.errors import UserError
 
 STDLIB = "{stdlib}"
@@ -130,17 +130,22 @@ def source_files(source: SourceConfig) -> tuple[Path, list[Path]]:
     return root, files
 
 
-def resolve_all(cfg: DataConfig) -> dict[str, tuple[Path, list[Path]]]:
-    """(root, files) per source name, in config order."""
+def resolve_all(cfg: DataConfig) -> dict[str, tuple[Path | str, list[Path] | list[StoreFile]]]:
+    """(root, files) per source name, in config order; a store's root stays a URL, its files StoreFiles."""
     if not cfg.sources:
         raise UserError(
             "data.sources is empty: there is nothing to curate. Add at least one [[data.sources]] table "
             'with name, format, root and include, e.g. name = "stdlib", format = "text", '
             'root = "{stdlib}", include = ["**/*.py"].'
         )
-    # A root given as a URL becomes a local path first: file:// its path, a remote store its mirror.
-    local = [local_source(source, cfg.url_cache, _wanted(source)) for source in cfg.sources]
-    return {source.name: source_files(source) for source in local}
+    # A store's root is listed here and its files read by the tasks; any other root becomes a local path
+    # first: file:// its path, a store only this process sees (memory://) its mirror.
+    resolved = {}
+    for source in cfg.sources:
+        wanted = _wanted(source)
+        in_store = store_files(source, wanted)
+        resolved[source.name] = in_store or source_files(local_source(source, cfg.url_cache, wanted))
+    return resolved
 
 
 def _wanted(source: SourceConfig):

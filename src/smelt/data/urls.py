@@ -1,17 +1,20 @@
 """Inputs and outputs given as URLs, through fsspec.
 
-Inputs: `file:///data/crawl` is the local directory `/data/crawl`. Any other protocol fsspec knows
-(`s3://bucket/prefix` with s3fs installed, `gs://` with gcsfs, `hf://`, `memory://`, ...) is listed
-where it lies; the files the source's include/exclude patterns (and `max_files`) select are copied into
-a local mirror under `data.url_cache`, and curation reads the mirror. The mirror keeps what each file
-was fetched from (size and, where the store reports them, ETag, checksum or modification time): a rerun
-fetches only files that are new or changed, so a resumed run reads the same bytes. On a Ray cluster,
-put `data.url_cache` on the filesystem every node shares, like the run directory.
+Inputs: `file:///data/crawl` is the local directory `/data/crawl`. A root in a store (`s3://bucket/prefix`
+with s3fs installed, `gs://` with gcsfs, `hf://`, ...) is listed by the driver where it lies, and the
+files the source's include/exclude patterns (and `max_files`) select become `StoreFile`s: their URL, size
+and version (the ETag, checksum or modification time the store reports). The map tasks open their own
+input URLs (each file is copied to the task's temporary directory, read, and deleted), so a cluster reads
+raw data where it lies and the driver never holds the corpus. A filesystem that lives in one process
+(fsspec's `memory://`) cannot be read by workers: its files are copied into a mirror under
+`data.url_cache` by the driver instead, and curation reads the mirror. The mirror keeps what each file
+was fetched from: a rerun fetches only files that are new or changed, so a resumed run reads the same
+bytes.
 
 Documents' ids and `file` fields are paths relative to the root, so a corpus read from a URL gives the
 same documents as the same files read from a local directory.
 
-Outputs: a stage asked to write to a remote URL writes its output to a local staging directory (with
+Outputs: a stage asked to write to a store's URL writes its output to a local staging directory (with
 its usual completion markers and resume), then `publish` copies the tree to the URL: data files first,
 then completion markers, then the files that say the output is complete (`stats.json`), each committed
 in an index beside the staging directory once the store holds it; a rerun uploads only what is not
@@ -21,12 +24,14 @@ The store's tree is byte for byte the local one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +44,8 @@ MIRROR_INDEX = ".index.json"
 # What a store reports that changes when a file's content does; size alone is always compared too.
 VERSION_KEYS = ("ETag", "etag", "md5Hash", "crc32c", "checksum", "mtime", "LastModified", "last_modified")
 _PROTOCOL = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+# Filesystems that exist in one process only: worker processes cannot list or read them.
+MIRRORED_PROTOCOLS = ("memory",)
 
 
 def url_protocol(text: str) -> str | None:
@@ -71,6 +78,67 @@ def local_source(source: SourceConfig, cache: str, wanted: Callable[[str], bool]
     if protocol == "file":
         return dataclasses.replace(source, root=local_path(source.root))
     return dataclasses.replace(source, root=str(_mirror(source, protocol, cache, wanted)))
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreFile:
+    """A source file in a store, as the driver listed it: the tasks open the URL themselves."""
+
+    url: str
+    size: int
+    version: str  # what the store reports that changes with the content (JSON of _version)
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+    def stat(self) -> os.stat_result:
+        """Size, and the version as the modification time, for what compares files by their stat."""
+        stamp = int.from_bytes(hashlib.blake2b(self.version.encode(), digest_size=7).digest(), "big")
+        return os.stat_result((0, 0, 0, 0, 0, 0, self.size, 0, 0, 0, 0, 0, 0, stamp))
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def store_files(source: SourceConfig, wanted: Callable[[str], bool]) -> tuple[str, list[StoreFile]] | None:
+    """(root URL, files) of a source whose root is in a store the tasks read themselves; None for a
+    local root, a file:// one, or a store read through the driver's mirror (MIRRORED_PROTOCOLS)."""
+    protocol = url_protocol(source.root)
+    if protocol in (None, "file", *MIRRORED_PROTOCOLS):
+        return None
+    fs, root, selected = _list(source, protocol, wanted)
+    base = source.root.rstrip("/")
+    return base, [
+        StoreFile(f"{base}/{rel}", int(info.get("size") or 0), json.dumps(_version(info), sort_keys=True))
+        for rel, info in selected.items()
+    ]
+
+
+def listing_hash(files: Iterable[StoreFile]) -> str:
+    """One hash over a store's files as listed: their URLs, sizes and versions (not their content)."""
+    digest = hashlib.sha256()
+    for file in sorted(files, key=lambda f: f.url):
+        digest.update(f"{file.url}\0{file.size}\0{file.version}\n".encode())
+    return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def task_local(root: str, path: str) -> Iterator[tuple[str, Path]]:
+    """(root, path) to read a source file from in this process: as they are for a local file; for a
+    store's file, a copy in a temporary directory (the same path relative to the root), deleted after."""
+    if not is_remote(root):
+        yield root, Path(path)
+        return
+    import fsspec
+
+    rel = path.removeprefix(root.rstrip("/")).lstrip("/")
+    with tempfile.TemporaryDirectory(prefix="smelt-input-") as tmp:
+        local = Path(tmp) / rel
+        local.parent.mkdir(parents=True, exist_ok=True)
+        fs, remote = fsspec.core.url_to_fs(path)
+        fs.get_file(remote, str(local))
+        yield tmp, local
 
 
 def _filesystem(source: SourceConfig, protocol: str):
@@ -113,7 +181,10 @@ def _version(info: dict[str, Any]) -> dict[str, Any]:
     return version
 
 
-def _mirror(source: SourceConfig, protocol: str, cache: str, wanted: Callable[[str], bool]) -> Path:
+def _list(
+    source: SourceConfig, protocol: str, wanted: Callable[[str], bool]
+) -> tuple[Any, str, dict[str, dict[str, Any]]]:
+    """(filesystem, root path, {relative path: listing info}) of the files the source selects, sorted."""
     fs = _filesystem(source, protocol)
     root = fs._strip_protocol(source.root).rstrip("/")
     try:
@@ -140,6 +211,12 @@ def _mirror(source: SourceConfig, protocol: str, cache: str, wanted: Callable[[s
     rels = sorted(selected)
     if source.max_files:
         rels = rels[: source.max_files]
+    return fs, root, {rel: selected[rel] for rel in rels}
+
+
+def _mirror(source: SourceConfig, protocol: str, cache: str, wanted: Callable[[str], bool]) -> Path:
+    fs, root, selected = _list(source, protocol, wanted)
+    rels = list(selected)
     target = mirror_dir(cache, source.root)
     target.mkdir(parents=True, exist_ok=True)
     index_path = target.with_name(target.name + MIRROR_INDEX)  # beside the tree: never read as a source file

@@ -58,7 +58,9 @@ def _source_shards(spec: ReadSpec, files: list[Path], target_bytes: int) -> list
 
     for path in files:
         size = path.stat().st_size
-        if spec.format == "jsonl" and path.name.endswith(".jsonl") and size > target_bytes:
+        # a file in a store (a StoreFile) is not cut: finding the line boundaries would read it here
+        cut = isinstance(path, Path) and spec.format == "jsonl" and path.name.endswith(".jsonl")
+        if cut and size > target_bytes:
             if group:
                 shards.append(WorkShard(key(), spec, tuple(group), group_bytes))
                 group, group_bytes = [], 0
