@@ -139,9 +139,9 @@ def test_pool_gives_up_on_a_task_that_keeps_killing_its_worker(tmp_path):
         future = pool.submit(_always_die, 3)
         with pytest.raises(WorkerDied) as info:
             future.result()
-    assert str(info.value).startswith(
-        "a worker process died while running this task (2 times: killed, or out of memory?); "
-        "tokens.retries = 1 allows 1 retries."
+    assert str(info.value) == (
+        "a worker process died while running this task, 2 times (killed, or out of memory?), and "
+        "tokens.retries = 1. Lower the workers or the task size if memory ran out, or raise tokens.retries."
     )
 
 

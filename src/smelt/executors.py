@@ -269,9 +269,9 @@ class ProcessPool(TaskExecutor):
             if task.attempts > self.retries:
                 retries_key = self._key.rsplit(".", 1)[0] + ".retries"
                 died = WorkerDied(
-                    f"a worker process died while running this task ({task.attempts} times: killed, or out "
-                    f"of memory?); {retries_key} = {self.retries} allows {self.retries} retries. Lower the "
-                    f"workers or the task size if memory ran out, or raise {retries_key}."
+                    f"a worker process died while running this task, {task.attempts} times (killed, or out "
+                    f"of memory?), and {retries_key} = {self.retries}. Lower the workers or the task size if "
+                    f"memory ran out, or raise {retries_key}."
                 )
                 died.__cause__ = self._cause
                 self._settle(task, died)

@@ -309,6 +309,7 @@ def publish(local: Path, url: str, what: str, owned: Iterable[str], last: Sequen
     owned = set(owned)
     stale = [rel for rel in remote if rel not in digests and rel.split("/", 1)[0] in owned]
     if not todo and not stale:
+        log(f"{what}: {url} holds these {len(files)} files already")
         return 0
     log(f"{what}: publishing {len(todo)} of {len(files)} files to {url}")
 
