@@ -127,6 +127,10 @@ def wrap_model(
         raise ConfigError(f"train.parallel = {mode!r} is not one of {', '.join(MODES)}.")
     if not ctx.distributed:
         return model
+    if mesh is not None and mesh.layout.pp > 1:  # stages of layers over "pp": pipeline_parallel.py
+        from smelt.train.pipeline_parallel import wrap_pipeline_parallel
+
+        return wrap_pipeline_parallel(model, mesh, device)
     if mesh is not None and mesh.tensor_parallel:
         from smelt.train.tensor_parallel import wrap_tensor_parallel
 

@@ -115,7 +115,8 @@ def layout_for(cfg: Config, world_size: int) -> MeshLayout:
 
 
 def check_pipeline_parallel(cfg: Config) -> None:
-    """ConfigError unless the model's layers split into train.pipeline_parallel stages."""
+    """ConfigError unless the model's layers split into train.pipeline_parallel stages that smelt can run
+    (pipeline_parallel.py); every reason is named with its key and the fix."""
     pp, m, tc = cfg.train.pipeline_parallel, cfg.model, cfg.train
     if pp == 1:
         return
@@ -126,10 +127,35 @@ def check_pipeline_parallel(cfg: Config) -> None:
             f"{stages} stages of at least one layer each, but model.n_layers is {m.n_layers}. Lower "
             f"train.pipeline_parallel or use the '1f1b' schedule."
         )
-    raise ConfigError(
-        f"train.pipeline_parallel = {pp}: pipeline parallelism is not built yet; set it to 1 "
-        f"(FSDP2 with train.parallel = 'fsdp', or train.tensor_parallel, split a model over processes)."
-    )
+    problems = []
+    if m.tie_embeddings:
+        problems.append(
+            "model.tie_embeddings = true puts the embedding matrix on the first stage and the LM head on "
+            "the last; set model.tie_embeddings = false"
+        )
+    if tc.tensor_parallel > 1 or tc.context_parallel > 1:
+        problems.append(
+            "it does not compose with train.tensor_parallel or train.context_parallel yet; set them to 1"
+        )
+    if m.moe_experts:
+        problems.append(
+            "MoE layers (model.moe_experts) have no pipeline plan (their balancing loss spans stages)"
+        )
+    if tc.precision == "fp16":
+        problems.append(
+            "train.precision = 'fp16' needs one loss scale over every stage, not built; use 'bf16'"
+        )
+    if tc.compile:
+        problems.append("train.compile is not built for pipeline stages; set it to false")
+    if tc.monitor_every:
+        problems.append("train.monitor_every (per-layer ratios) is not built for it; set it to 0")
+    if cfg.eval.every_steps:
+        problems.append(
+            "in-loop task scores (eval.every_steps) are not built for it (generation needs every layer on "
+            "one process); set eval.every_steps = 0 and score the checkpoints with `smelt eval RUN`"
+        )
+    if problems:
+        raise ConfigError(f"train.pipeline_parallel = {pp} cannot be used: {'; '.join(problems)}.")
 
 
 def check_context_parallel(cfg: Config) -> None:
@@ -222,6 +248,7 @@ class TrainMesh:
     mesh: Any  # DeviceMesh over MESH_DIMS; None for a single process
     rank: int
     data_group: Any = field(init=False, default=None)  # see __post_init__
+    pipeline_schedule: str = "1f1b"  # train.pipeline_schedule, read when "pp" > 1
 
     @property
     def data_rank(self) -> int:
@@ -238,6 +265,10 @@ class TrainMesh:
 
     def tp_mesh(self) -> Any:
         return self.mesh["tp"]
+
+    def pp_mesh(self) -> Any:
+        """The 1-D "pp" sub-mesh: this rank and the ranks holding the other stages of its replica."""
+        return self.mesh["pp"]
 
     def dp_mesh(self) -> Any:
         """The data-parallel sub-mesh FSDP2 shards over: 1-D "dp_shard", or 2-D with "dp_replicate" (HSDP)."""
@@ -280,4 +311,6 @@ def build_mesh(layout: MeshLayout, rank: int, device: torch.device) -> TrainMesh
 
 def mesh_for(cfg: Config, rank: int, world_size: int, device: torch.device) -> TrainMesh:
     """The mesh the `[train]` keys ask for, built over this launch's processes."""
-    return build_mesh(layout_for(cfg, world_size), rank, device)
+    mesh = build_mesh(layout_for(cfg, world_size), rank, device)
+    mesh.pipeline_schedule = cfg.train.pipeline_schedule
+    return mesh

@@ -22,6 +22,7 @@ from torch import nn
 
 from smelt.model.transformer import IGNORE_INDEX
 from smelt.train.distributed import all_reduce_sum, clip_grads_, global_grad_norm, grad_sync
+from smelt.train.pipeline_parallel import PipelineModel
 from smelt.train.precision import Precision
 
 
@@ -47,6 +48,11 @@ def forward_backward(
     `group`: the data-parallel ranks the sums run over (default all; tensor-parallel ranks share a batch).
     `loss_context`: entered around each micro step's forward and backward (TP's loss_parallel).
     """
+    if isinstance(model, PipelineModel):  # the schedule runs the micro batches: pipeline_parallel.py
+        return model.forward_backward(
+            micro, precision=precision, world_size=world_size, doc_masking=doc_masking, device=device,
+            sources=sources, group=group,
+        )  # fmt: skip
     row_tokens = [(m.targets != IGNORE_INDEX).sum(dim=1) for m in micro]  # on the host: no device sync
     counts = [int(rows.sum()) for rows in row_tokens]
     total = torch.tensor(float(sum(counts)), dtype=torch.float64)
@@ -93,7 +99,8 @@ def finish_grads(
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = global_grad_norm(params, sharded)
+    split = getattr(model, "pipeline_split", None)  # a model split into pipeline stages sums over all
+    norm = split.grad_norm(params) if split is not None else global_grad_norm(params, sharded)
     if grad_clip > 0 and bool(torch.isfinite(norm)):
         clip_grads_(params, norm, grad_clip)
     return norm
