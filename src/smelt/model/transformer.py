@@ -28,14 +28,13 @@ from torch.utils.checkpoint import checkpoint
 from smelt.config import ModelConfig
 from smelt.config.moe import is_moe_layer
 from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
+from smelt.model.chunked_loss import IGNORE_INDEX, chunked_lm_loss
 from smelt.model.flops import head_dim_of, resolved_d_ff
 from smelt.model.moe import MoE
 from smelt.model.rope import apply_rope, model_rope_table, rope_table  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from smelt.model.generate import KVCache
-
-IGNORE_INDEX = -100
 
 
 class RMSNorm(nn.Module):
@@ -241,6 +240,9 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.rope_layers = [uses_rope(cfg, i) for i in range(cfg.n_layers)]
+        # Rows per chunk of the training loss (chunked_loss.py); 0 makes the whole batch's logits.
+        # A training setting, not part of the model's shape: the trainer sets it from the config.
+        self.loss_chunk_rows = 0
         table = model_rope_table(cfg, max(rotary_dim(cfg), 2))
         # Not persistent: derived from the config, so it stays out of checkpoints.
         self.register_buffer("rope", table, persistent=False)
@@ -347,14 +349,31 @@ class Transformer(nn.Module):
                 x = block(x, layer_rope, cache, layer, mask)
         if cache is not None:
             cache.advance(T)
-        logits = self.lm_head(self.norm(x))
+        if targets is not None and self._chunks_loss(reduction):
+            # Training only: the logits are never made whole, so none are returned.
+            logits = None
+            parts = chunked_lm_loss(
+                self.norm(x), self.lm_head.weight, targets, self.cfg.z_loss, self.loss_chunk_rows
+            )
+        else:
+            logits = self.lm_head(self.norm(x))
         moe_aux = self._take_moe_aux_loss()
         if targets is None:
             return logits, None
-        parts = lm_loss(logits, targets, self.cfg.z_loss, reduction)
+        if logits is not None:
+            parts = lm_loss(logits, targets, self.cfg.z_loss, reduction)
         if moe_aux is not None:
             parts = with_moe_aux_loss(parts, moe_aux, targets)
         return logits, (parts if loss_parts else parts["loss"])
+
+    def _chunks_loss(self, reduction: str) -> bool:
+        """The chunked loss serves a mean loss under autograd with a whole (not tensor-parallel) head."""
+        return (
+            self.loss_chunk_rows > 0
+            and reduction == "mean"
+            and torch.is_grad_enabled()
+            and not hasattr(self.lm_head.weight, "to_local")
+        )
 
     def _take_moe_aux_loss(self) -> torch.Tensor | None:
         """The MoE layers' balancing losses of this forward, summed; the layers let go of theirs."""
