@@ -203,3 +203,42 @@ def test_ray_executor_retries_killed_tasks_and_passes_user_errors_on(local_ray, 
     assert "in _break" in str(bug.value)  # any other error keeps the worker's traceback
     executor.close()
     assert ray.is_initialized()  # a Ray it did not start is left running
+
+
+def _from_store_then_map(store: str, make_store_class, shard, steps, map_dir):
+    """Ray's workers are not forked from the test: register the test's store in the worker first."""
+    import fsspec
+
+    os.environ["SMELT_TEST_STORE"] = store
+    fsspec.register_implementation("teststore", make_store_class(), clobber=True)
+    return real_map_shard(shard, steps, map_dir)
+
+
+def test_ray_tasks_read_a_stores_files_themselves(pool_run, local_ray, shared_data, tmp_path, monkeypatch):
+    import fsspec
+
+    from .test_ray_urls import FolderStore, folder_store_class
+
+    # the workers cannot import the test modules: the store's class goes by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[FolderStore.__module__])
+    store = tmp_path / "store"
+    speeches = shared_data / "corpus/prose/nltk_inaugural"
+    (store / "bucket").mkdir(parents=True)
+    for path in sorted(speeches.glob("18*.txt"))[:6]:
+        (store / "bucket" / path.name).write_bytes(path.read_bytes())
+    monkeypatch.setenv("SMELT_TEST_STORE", str(store))
+    fsspec.register_implementation("teststore", FolderStore, clobber=True)  # for the driver's listing
+    monkeypatch.setattr(
+        "smelt.data.executor.map_shard",
+        functools.partial(_from_store_then_map, str(store), folder_store_class),
+    )
+
+    def config(root: str) -> DataConfig:
+        source = SourceConfig(name="inaugural", root=root, include=["*.txt"])
+        return DataConfig(sources=[source], min_chars=64, workers=2, shard_bytes=40_000, executor="ray")
+
+    by_ray = curate(config("teststore://bucket"), tmp_path / "by_ray")
+    fetches = [line.split() for line in (tmp_path / "store.fetches").read_text().splitlines()]
+    assert len(fetches) == 6 and str(os.getpid()) not in {pid for pid, _ in fetches}  # read in Ray workers
+    local = curate(config(str(store / "bucket")), tmp_path / "local")
+    assert _tree(tmp_path / "by_ray") == _tree(tmp_path / "local") and by_ray == local

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import fsspec
 import pytest
-from fsspec.implementations.local import LocalFileSystem
 
 from smelt.config import DataConfig, SourceConfig
 from smelt.data.curate import curate
@@ -90,23 +89,36 @@ def test_url_user_errors(tmp_path):
         curate(_config("memory://nothing-here", tmp_path / "cache"), tmp_path / "out")
 
 
-class FolderStore(LocalFileSystem):
+def folder_store_class() -> type:
     """A store whose buckets are folders: teststore://bucket/key is $SMELT_TEST_STORE/bucket/key. Every
-    file fetched is noted with the process that fetched it, in $SMELT_TEST_STORE.fetches."""
+    file fetched is noted with the process that fetched it, in $SMELT_TEST_STORE.fetches. Made by a
+    function so that a Ray worker, which cannot import this module, can be sent the function and make
+    the class (the class itself holds fsspec's instance cache and lock, which do not pickle)."""
+    import os
+    from pathlib import Path
 
-    protocol = ("teststore",)
+    from fsspec.implementations.local import LocalFileSystem
 
-    @classmethod
-    def _strip_protocol(cls, path):
-        path = str(path)
-        if path.startswith("teststore://"):
-            return os.path.join(os.environ["SMELT_TEST_STORE"], path.removeprefix("teststore://")).rstrip("/")
-        return super()._strip_protocol(path)
+    class FolderStore(LocalFileSystem):
+        protocol = ("teststore",)
 
-    def get_file(self, path1, path2, *args, **kwargs):
-        with open(os.environ["SMELT_TEST_STORE"] + ".fetches", "a") as log:
-            log.write(f"{os.getpid()} {Path(path1).name}\n")
-        return super().get_file(path1, path2, *args, **kwargs)
+        @classmethod
+        def _strip_protocol(cls, path):
+            path = str(path)
+            if path.startswith("teststore://"):
+                base = os.environ["SMELT_TEST_STORE"]
+                return os.path.join(base, path.removeprefix("teststore://")).rstrip("/")
+            return super()._strip_protocol(path)
+
+        def get_file(self, path1, path2, *args, **kwargs):
+            with open(os.environ["SMELT_TEST_STORE"] + ".fetches", "a") as log:
+                log.write(f"{os.getpid()} {Path(path1).name}\n")
+            return super().get_file(path1, path2, *args, **kwargs)
+
+    return FolderStore
+
+
+FolderStore = folder_store_class()
 
 
 @pytest.mark.slow
