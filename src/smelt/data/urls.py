@@ -321,9 +321,12 @@ def publish(local: Path, url: str, what: str, owned: Iterable[str], last: Sequen
                 _commit(log_file, rel, None)
             if rel in digests:
                 todo.add(rel)
+        made: set[str] = set()
         for rel in sorted(todo, key=lambda rel: _upload_rank(rel, last)):
             target = f"{root}/{rel}"
-            fs.makedirs(fs._parent(target), exist_ok=True)
+            if fs._parent(target) not in made:  # a no-op on object stores, needed on file-like ones
+                fs.makedirs(fs._parent(target), exist_ok=True)
+                made.add(fs._parent(target))
             fs.put_file(str(local / rel), target)
             size, stored = (local / rel).stat().st_size, fs.size(target)
             if stored != size:
