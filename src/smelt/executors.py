@@ -233,6 +233,7 @@ class ProcessPool(TaskExecutor):
                 self._cause = exc
                 self._changed.notify_all()
             return
+        task.args = ()  # settled for good: it runs no more, and its arguments (text batches) can go
         if task.set_running_or_notify_cancel():  # False: the caller stopped waiting for it
             if exc is None:
                 task.set_result(result)
