@@ -248,8 +248,8 @@ class DecontamConfig:
     )
 
 
-# Keys that decide where curation's tasks run and where remote inputs are mirrored, never what the stage
-# makes: left out of the stage's cache key, so a run resumes across a change of them.
+# Keys that decide where curation's tasks run and where URL inputs and outputs are staged, never what the
+# stage makes: left out of the stage's cache key, so a run resumes across a change of them.
 PLACEMENT_KEYS = ("executor", "ray_address", "retries", "url_cache")
 
 
@@ -280,7 +280,8 @@ class DataConfig:
     )
     url_cache: str = option(
         "",
-        help="where sources with a remote root URL (s3://, gs://, ...) are mirrored (empty: ~/.cache/smelt/urls)",
+        help="where documents for a store's URL are staged, and memory:// sources mirrored (empty: "
+        "~/.cache/smelt/urls)",
     )
     shard_bytes: int = option(
         64_000_000, range=(1_000, 10**12), help="input bytes per work shard (large files split by records)"
