@@ -158,3 +158,20 @@ def test_a_stores_files_key_the_curate_stage_by_their_listed_versions(speeches, 
     changed.write_text(changed.read_text() + "\nOne more line.\n")
     assert _stage_inputs(cfg, "curate") != before  # a changed file in the store makes the stage stale
     assert not (tmp_path / "store.fetches").exists()  # keyed without reading a file
+
+
+def test_a_store_file_gone_before_its_task_reads_it_is_a_user_error(tmp_path, monkeypatch):
+    from smelt.data.urls import task_local
+
+    monkeypatch.setenv("SMELT_TEST_STORE", str(tmp_path))
+    fsspec.register_implementation("teststore", FolderStore, clobber=True)
+    (tmp_path / "bucket").mkdir()
+    with pytest.raises(UserError) as info, task_local("teststore://bucket", "teststore://bucket/gone.txt"):
+        pass
+    assert str(info.value) == (
+        "teststore://bucket/gone.txt was listed when the run started but is not in the store any more. "
+        "Run again: the store is listed anew, and the curation starts over on what it holds now."
+    )
+    missing = r"^s3://bucket/a.txt: this worker has no fsspec filesystem for s3://"
+    with pytest.raises(UserError, match=missing), task_local("s3://bucket", "s3://bucket/a.txt"):
+        pass

@@ -133,11 +133,25 @@ def task_local(root: str, path: str) -> Iterator[tuple[str, Path]]:
     import fsspec
 
     rel = path.removeprefix(root.rstrip("/")).lstrip("/")
+    protocol = url_protocol(path)
     with tempfile.TemporaryDirectory(prefix="smelt-input-") as tmp:
         local = Path(tmp) / rel
         local.parent.mkdir(parents=True, exist_ok=True)
-        fs, remote = fsspec.core.url_to_fs(path)
-        fs.get_file(remote, str(local))
+        try:
+            fs, remote = fsspec.core.url_to_fs(path)
+        except (ImportError, ValueError) as exc:
+            raise UserError(
+                f"{path}: this worker has no fsspec filesystem for {protocol}:// ({exc}). Install its "
+                f"package (s3fs for s3://, gcsfs for gs://, adlfs for az://) wherever tasks run: on every "
+                f"node of a Ray cluster."
+            ) from exc
+        try:
+            fs.get_file(remote, str(local))
+        except FileNotFoundError as exc:
+            raise UserError(
+                f"{path} was listed when the run started but is not in the store any more. Run again: the "
+                f"store is listed anew, and the curation starts over on what it holds now."
+            ) from exc
         yield tmp, local
 
 
