@@ -45,10 +45,18 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
             "monitor_every",
             "grad_alert_factor",
             "threads",
+            "straggler_ratio",
         }
     ),  # fmt: skip
     "checkpoint": frozenset(
-        {"every_steps", "keep_last", "async_save", "milestone_every_steps", "milestone_every_tokens"}
+        {
+            "every_steps",
+            "keep_last",
+            "async_save",
+            "milestone_every_steps",
+            "milestone_every_tokens",
+            "mtbf_hours",
+        }
     ),
     "eval": frozenset({"batch_size", "every_steps", "inloop_items", "inloop_tasks"}),
 }

@@ -84,6 +84,11 @@ def test_train_end_to_end(data, tmp_path):
         "loader_wait_s",
         "loader_wait_share",
         "elapsed_s",
+        "time",
+        "step_time_s",
+        "checkpoint_wait_s",
+        "step_time_p50_s",
+        "step_time_p99_s",
     }
     assert all(r["stage"] == "main" and 0 <= r["loader_wait_share"] < 1 for r in train_lines)
     assert abs(first["loss"] - math.log(VOCAB)) < 0.1  # step-0 loss

@@ -334,6 +334,11 @@ class TrainConfig:
         help="end the run (exit 124, every thread's stack in RUN/train/watchdog.log) when no step, eval or "
         "save finishes for this many seconds (0: off)",
     )  # fmt: skip
+    straggler_ratio: float = option(
+        1.5, range=(0.0, 1e6),
+        help="straggler alert: a rank's own time per step (p50 over a log window) above this x the median "
+        "rank's (0: off)",
+    )  # fmt: skip
 
 
 @dataclass
@@ -345,6 +350,10 @@ class CheckpointConfig:
     milestone_every_tokens: int = option(
         0, range=(0, 10**18), help="keep a checkpoint every X tokens forever"
     )
+    mtbf_hours: float = option(
+        0.0, range=(0.0, 1e7),
+        help="mean time between failures of the whole job, for the Young-Daly interval advice (0: none)",
+    )  # fmt: skip
 
 
 @dataclass

@@ -13,6 +13,7 @@ from smelt.config import hash_json
 from smelt.manifest import write_json
 from smelt.model.flops import mfu
 from smelt.progress import log, progress
+from smelt.train.goodput import run_goodput
 from smelt.train.setup import last_logged_loss, write_run_manifest
 from smelt.train.watchdog import Watchdog
 
@@ -128,6 +129,9 @@ def summary(t: Any) -> dict[str, Any]:
         "rank": t.rank,
         "checkpoint": str(t.final) if t.final is not None else None,
         "wall_time_s": time.time() - t.started,
+        "goodput": run_goodput(t.out_dir, t.cfg.checkpoint.mtbf_hours, t.cfg.checkpoint.every_steps)
+        if t.ctx.is_main
+        else None,
     }
     if t.ctx.is_main:
         write_json(t.out_dir / "summary.json", summary)

@@ -57,6 +57,7 @@ from smelt.train.distributed import (
     wrap_model,
 )
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
+from smelt.train.goodput import clock, timed
 from smelt.train.mesh import mesh_for
 from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
@@ -326,7 +327,7 @@ class Trainer:
     def step(self, parts: list[Any]) -> tuple[float, float]:
         """Forward and backward over every micro batch, then the synced, unscaled, clipped gradients;
         returns the step's loss and pre-clip gradient norm."""
-        tc = self.tc
+        tc, synced = self.tc, time.perf_counter()  # every collective of the step is in this section
         micro = [m for part in parts for m in part.micro] if len(parts) > 1 else parts[-1].micro
         loss_t, _, source_sums = forward_backward(
             self.wrapped, self.forward, micro, precision=self.precision, scaler=self.scaler, mode=tc.parallel,
@@ -336,6 +337,7 @@ class Trainer:
         self.window.add_sources(source_sums)
         norm_t = finish_grads(self.model, self.optimizer, self.scaler, tc.grad_clip, self.sharded)
         loss, norm = (float(v) for v in torch.stack([loss_t.float(), norm_t.float().cpu()]).tolist())
+        self.window.ranks.synced(time.perf_counter() - synced)
         return loss, norm
 
     def apply_or_skip(
@@ -343,14 +345,10 @@ class Trainer:
     ) -> None:
         """Apply the update, or let the alert dispatch skip it, roll back, or pass an fp16 overflow."""
         tc, ratios, action = self.tc, self.ratios, decision.action
-        if (
-            ratios is not None
-            and action == "apply"
-            and not decision.overflow
-            and step % tc.monitor_every == 0
-        ):
+        if ratios is not None and action == "apply" and not decision.overflow and not step % tc.monitor_every:
             ratios.snapshot()
-        self.checkpointer.before_update()  # a checkpoint's host copy must finish before weights change
+        # A checkpoint's host copy must finish before weights change; the wait is a checkpoint stall.
+        self.window.ranks.checkpoint_wait_s += timed(self.checkpointer.before_update)
         if decision.overflow:
             self.alerts.overflow(step, tokens, self.optimizer)
         elif action == "apply":
@@ -383,6 +381,7 @@ class Trainer:
         steps_in_window = max(1, window.steps)
         tps = window.tokens_per_s()
         self.last_log_loss = window.mean_loss()
+        ranked, stragglers = window.ranks.window_fields(step, tokens, tc.straggler_ratio, self.device)
         self.metrics.write({
             "kind": "train", "step": step, "tokens": tokens,
             **({"batch_tokens": tokens - plan.tokens_at(step - 1)} if plan.units else {}),
@@ -397,8 +396,9 @@ class Trainer:
             "memory_mb": memory_mb(self.device),
             **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
             **losses_by_source(window.sources, window.source_sums),
-            "elapsed_s": time.time() - self.started,
+            **ranked, **clock(self.started),
         })  # fmt: skip
+        self.write_all(stragglers)  # printed by rank 0 (goodput.RankTimes.window_fields)
         moe_fields = router_metrics(self.model)  # every rank: the loads are summed over ranks
         if moe_fields:
             self.metrics.write({"kind": "moe", "step": step, "tokens": tokens, **moe_fields})

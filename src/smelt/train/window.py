@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from smelt.train.goodput import RankTimes
+
 
 class Window:
     """Accumulates steps; `mean_loss` and the rates describe the window, `reset` starts the next one.
@@ -18,6 +20,7 @@ class Window:
         self.source_sums = torch.zeros((len(sources), 2), dtype=torch.float64)  # loss sum, tokens
         self.train_time = 0.0  # the run's, since this process started training
         self.total_wait = 0.0
+        self.ranks = RankTimes()  # step-time percentiles and the straggler test (goodput.py)
         self.reset()
 
     def reset(self) -> None:
@@ -25,6 +28,7 @@ class Window:
         self.time = self.wait = 0.0
         self.tokens = self.clipped = self.skipped = self.steps = 0
         self.source_sums.zero_()
+        self.ranks.reset()
 
     def add_sources(self, sums: torch.Tensor | None) -> None:
         if sums is not None:
@@ -39,6 +43,7 @@ class Window:
         self.tokens += tokens
         self.train_time += seconds
         self.total_wait += wait
+        self.ranks.add_step(seconds)
         if math.isfinite(loss):
             self.losses.append(loss)
         self.clipped += int(clipped)
@@ -55,7 +60,7 @@ class Window:
             "losses": list(self.losses), "time": self.time, "wait": self.wait, "tokens": self.tokens,
             "clipped": self.clipped, "skipped": self.skipped, "steps": self.steps,
             "source_sums": self.source_sums.tolist(), "train_time": self.train_time,
-            "total_wait": self.total_wait,
+            "total_wait": self.total_wait, "ranks": self.ranks.state_dict(),
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -64,3 +69,5 @@ class Window:
         self.clipped, self.skipped, self.steps = state["clipped"], state["skipped"], state["steps"]
         self.source_sums = torch.tensor(state["source_sums"], dtype=torch.float64)
         self.train_time, self.total_wait = state["train_time"], state["total_wait"]
+        if "ranks" in state:
+            self.ranks.load_state_dict(state["ranks"])
