@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
-import pytest
+import os
+from types import SimpleNamespace
 
-from helpers import tiny_model_config
+import pytest
+import torch
+
+from helpers import build_model, tiny_model_config
+from smelt.config import config_from_dict
 from smelt.model.flops import count_params, flops_conventions, flops_per_token, mfu, model_flops_per_token
 from smelt.summary import mfu_text
+from smelt.train.optim import build_optimizer
+from smelt.train.speed import (
+    ASSUMED_EAGER_MFU,
+    compile_cache_dir,
+    compile_pays_off,
+    enable_compile_cache,
+    estimated_step_s,
+    should_compile,
+    training_forward,
+)
 
 VOCAB = 384
 
@@ -45,3 +60,73 @@ def test_mfu_and_its_terminal_line():
         "31.2% (6N + attention), 28.0% (matmul model FLOPs)"
     )
     assert mfu_text({"train_mfu": None, "train_mfu_model": None}) == "-"
+
+
+def test_compile_pays_off_when_the_saved_step_time_exceeds_the_compile():
+    # 1000 steps of 1 s at 1.25x save 200 s.
+    assert compile_pays_off(1000, 1.0, compile_s=150.0, speedup=1.25)
+    assert not compile_pays_off(1000, 1.0, compile_s=250.0, speedup=1.25)
+    assert not compile_pays_off(10**9, 1.0, compile_s=1.0, speedup=1.0)  # no faster: never
+    assert not compile_pays_off(0, 1.0, compile_s=0.0, speedup=2.0)
+
+
+def test_auto_compile_follows_the_run_length_and_says_why():
+    step_s = estimated_step_s(1e6, 4096, 1e12)  # 4.1e9 FLOPs at 30% of 1 TFLOP/s
+    assert step_s == pytest.approx(4096 * 1e6 / (1e12 * ASSUMED_EAGER_MFU))
+    short, why_short = should_compile("auto", "cpu", 10, step_s)
+    long, why_long = should_compile("auto", "cpu", 10**6, step_s)
+    assert (short, long) == (False, True)
+    assert why_short.startswith("train.compile = auto: off, 10 steps of ~0.0137 s")
+    assert why_long.startswith("train.compile = auto: on")
+    assert should_compile("auto", "cpu", 10**6, None) == (
+        False,
+        "train.compile = auto: off, the device's peak FLOP/s (and so the step time) is unknown",
+    )
+    assert should_compile(True, "cpu", 1, step_s) == (True, "train.compile = true")
+    assert should_compile(False, "cuda", 10**9, step_s) == (False, "train.compile = false")
+
+
+def test_the_compile_cache_lives_under_the_user_cache(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compile_cache_dir() == tmp_path / "xdg" / "smelt" / "inductor"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert compile_cache_dir() == tmp_path / "home" / ".cache" / "smelt" / "inductor"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_cache_dir() == tmp_path / "mine"  # the user's own setting wins
+
+
+def test_enabling_the_compile_cache_points_inductor_at_it(monkeypatch, tmp_path):
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    path = enable_compile_cache()
+    assert path == tmp_path / "smelt" / "inductor" and path.is_dir()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path)
+    assert inductor_config.fx_graph_cache is True
+
+
+def test_the_training_forward_sets_the_loss_chunks_and_the_compile_decision():
+    model = build_model(tiny_model_config())
+    cfg = config_from_dict({"train": {"loss_chunk_tokens": 512, "compile": "auto"}})
+    t = SimpleNamespace(
+        tc=cfg.train, model=model, wrapped=model, flops_tok=1e6, peak_total=1e12,
+        plan=SimpleNamespace(batch_tokens=4096, steps=10), device=torch.device("cpu"),
+    )  # fmt: skip
+    assert training_forward(t) is model  # 10 short steps: compiling would not pay
+    assert model.loss_chunk_rows == 512
+    assert t.compile_note.startswith("train.compile = auto: off")
+
+
+@pytest.mark.parametrize(("device", "kernel"), [("cpu", "foreach"), ("cuda", "fused")])
+def test_adamw_runs_the_multi_tensor_kernel_on_cpu_and_the_fused_one_on_cuda(device, kernel):
+    """The CUDA branch's choice is checked on CPU tensors (PyTorch's fused AdamW runs on CPU too)."""
+    model = build_model(tiny_model_config())
+    optimizer = build_optimizer(model, config_from_dict({}).train, torch.device(device))
+    group = optimizer.param_groups[0]
+    assert bool(group["foreach"]) == (kernel == "foreach") and bool(group["fused"]) == (kernel == "fused")
+    model(torch.randint(0, VOCAB, (1, 8)), torch.randint(0, VOCAB, (1, 8)))[1].backward()
+    optimizer.step()  # the chosen kernel runs

@@ -230,7 +230,18 @@ class TrainConfig:
     )
     device: str = option("auto", help="auto, cpu, cuda or cuda:N")
     threads: int = option(0, range=(0, 1024), help="CPU threads for torch (0: one per core)")
-    compile: bool = option(False, help="torch.compile the model")
+    compile: bool | str = option(
+        False,
+        choices=(False, True, "auto"),
+        help="torch.compile the model: true, false, or auto (on when the run is long enough to win back "
+        "the compile time); compiled kernels are cached in ~/.cache/smelt/inductor",
+    )
+    loss_chunk_tokens: int = option(
+        0,
+        range=(0, 10**9),
+        help="LM head + cross-entropy this many tokens at a time, never the whole batch's fp32 logits "
+        "(0: the whole batch)",
+    )
     log_every: int = option(10, range=(1, 10**9), help="steps between train-metric lines")
     eval_every: int = option(100, range=(0, 10**9), help="steps between validation losses (0: end only)")
     eval_tokens: int = option(
@@ -487,7 +498,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 
 
 def _suggest(name: str, options: typing.Iterable[str]) -> str:
-    options = list(options)
+    options = [o for o in options if isinstance(o, str)]  # train.compile's choices include true/false
     # A typo usually keeps the real key as a prefix (`lr_typo`, `seq_length`); prefer the longest such key.
     prefixed = [o for o in options if name.startswith(o) and len(o) >= 2]
     close = sorted(prefixed, key=len, reverse=True) or difflib.get_close_matches(

@@ -78,6 +78,7 @@ from smelt.train.setup import (
     read_vocab_size,
     resolve_device,
 )
+from smelt.train.speed import training_forward
 from smelt.train.step import finish_grads, forward_backward
 from smelt.train.window import Window
 
@@ -198,14 +199,12 @@ class Trainer:
         val_sources = sorted(d.name for d in val_dirs if has_tokens(d))
         eos_id = int(json.loads((tokens_dir / "meta.json").read_text())["eos_id"]) if tc.doc_masking else None
 
-        # Every rank builds the same initial weights from the run seed; per-rank randomness after that
-        # comes from a derived seed (see distributed.rank_seed).
+        # Every rank builds the same initial weights from the run seed, then seeds itself (rank_seed).
         torch.manual_seed(cfg.run.seed)
         self.model = model = Transformer(cfg.model, vocab_size).to(device)
         torch.manual_seed(rank_seed(cfg.run.seed, self.rank, "train"))
         setup_expert_parallel(model, cfg, self.world_size, device)  # MoE experts over processes (or no-op)
         self.wrapped = wrap_model(model, tc.parallel, ctx, device, self.mesh)
-        self.forward = torch.compile(self.wrapped) if tc.compile else self.wrapped
         self.optimizer = build_optimizer(model, tc, device)
         self.scaler = self.precision.grad_scaler()
         self.loader = TokenLoader.from_config(
@@ -219,6 +218,7 @@ class Trainer:
         self.flops_tok, self.model_flops_tok = flops_conventions(cfg.model, vocab_size, tc.seq_len)
         peak = from_main(ctx, device, lambda: peak_flops(device, self.precision))  # one figure for every rank
         self.peak_total = peak * self.world_size if peak else None
+        self.forward = training_forward(self)  # compiled or not (train.compile), the loss chunks
         self.schedule = build_schedule(
             tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
         )

@@ -1,0 +1,96 @@
+"""The training forward as fast as the config lets it be: torch.compile when asked, or with
+train.compile = "auto" when the run is long enough to win back the compile time; the compiled
+artifacts cached across runs under the user cache; the chunked LM head + loss (model/chunked_loss.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# What one compile of a model costs and buys, by device type: the first compiled step's extra
+# seconds with an empty cache, and the compiled step's speed over the eager one. Measured on
+# small-5m (d 256, 6 layers) on the 2-core AVX2 machine (docs/benchmarks.md, "Training speed");
+# on CUDA, torchtitan-style figures for a 124M-1B model (tens of seconds, 1.2-1.5x).
+COMPILE_SECONDS = {"cpu": 60.0, "cuda": 90.0}
+COMPILE_SPEEDUP = {"cpu": 1.1, "cuda": 1.3}
+# The MFU the eager step is assumed to reach when its time is estimated from FLOPs (conservative:
+# a higher guess makes steps look shorter and compile look less worth it).
+ASSUMED_EAGER_MFU = 0.3
+
+
+def compile_pays_off(steps: int, step_s: float, compile_s: float, speedup: float) -> bool:
+    """True when compiling saves more time over the run than it costs: steps x step_s x (1 - 1/speedup)
+    (the time the faster step saves) exceeds compile_s (the one-off compile)."""
+    if steps <= 0 or step_s <= 0 or speedup <= 1.0:
+        return False
+    return steps * step_s * (1.0 - 1.0 / speedup) > compile_s
+
+
+def estimated_step_s(flops_per_token: float, tokens_per_step: int, peak_flops: float | None) -> float | None:
+    """Seconds per eager step from the FLOPs it needs at ASSUMED_EAGER_MFU of the peak; None when the
+    peak is unknown."""
+    if not peak_flops:
+        return None
+    return flops_per_token * tokens_per_step / (peak_flops * ASSUMED_EAGER_MFU)
+
+
+def should_compile(
+    setting: bool | str, device_type: str, steps: int, step_s: float | None
+) -> tuple[bool, str]:
+    """(compile or not, why) for train.compile = true, false or "auto"."""
+    if setting != "auto":
+        return bool(setting), f"train.compile = {str(bool(setting)).lower()}"
+    if step_s is None:
+        return False, "train.compile = auto: off, the device's peak FLOP/s (and so the step time) is unknown"
+    compile_s = COMPILE_SECONDS.get(device_type, COMPILE_SECONDS["cuda"])
+    speedup = COMPILE_SPEEDUP.get(device_type, COMPILE_SPEEDUP["cuda"])
+    saved = steps * step_s * (1.0 - 1.0 / speedup)
+    verdict = "on" if compile_pays_off(steps, step_s, compile_s, speedup) else "off"
+    return verdict == "on", (
+        f"train.compile = auto: {verdict}, {steps} steps of ~{step_s:.3g} s would save ~{saved:.0f} s "
+        f"at {speedup}x against ~{compile_s:.0f} s of compiling"
+    )
+
+
+def compile_cache_dir() -> Path:
+    """Where inductor keeps compiled kernels and FX graphs between runs: $TORCHINDUCTOR_CACHE_DIR when
+    set, else smelt's user cache ($XDG_CACHE_HOME or ~/.cache)/smelt/inductor."""
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "smelt" / "inductor"
+
+
+def enable_compile_cache() -> Path:
+    """Point inductor at compile_cache_dir() with its FX graph and autograd caches on, so a second run
+    of the same model loads its compiled step instead of compiling it again."""
+    path = compile_cache_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    if hasattr(functorch_config, "enable_autograd_cache"):
+        functorch_config.enable_autograd_cache = True
+    return path
+
+
+def training_forward(t: Any) -> Callable[..., Any]:
+    """The forward a Trainer's steps call (compiled or not, the reason kept as t.compile_note for the
+    start record); sets the model's chunk of loss rows from train.loss_chunk_tokens. Reads the
+    trainer's config, model, plan, FLOPs per token and peak."""
+    tc = t.tc
+    t.model.loss_chunk_rows = tc.loss_chunk_tokens
+    step_s = estimated_step_s(t.flops_tok, t.plan.batch_tokens, t.peak_total)
+    compiled, t.compile_note = should_compile(tc.compile, t.device.type, t.plan.steps, step_s)
+    if not compiled:
+        return t.wrapped
+    enable_compile_cache()
+    return torch.compile(t.wrapped)
