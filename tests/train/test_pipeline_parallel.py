@@ -26,7 +26,9 @@ STEPS = 5
 RESUME_AT = 3
 
 
-def raw_config(parallel: str = "ddp", pipeline_parallel: int = 1, schedule: str = "1f1b") -> dict:
+def raw_config(
+    parallel: str = "ddp", pipeline_parallel: int = 1, schedule: str = "1f1b", tensor_parallel: int = 1
+) -> dict:
     return {
         "run": {"seed": 3},
         "model": {"d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64,
@@ -37,6 +39,7 @@ def raw_config(parallel: str = "ddp", pipeline_parallel: int = 1, schedule: str 
             "seq_len": 32, "micro_batch": 2, "batch_tokens": 256, "tokens": 256 * STEPS, "lr": 3e-3,
             "log_every": 1, "eval_every": 0, "eval_tokens": 512, "precision": "fp32", "threads": 1,
             "parallel": parallel, "pipeline_parallel": pipeline_parallel, "pipeline_schedule": schedule,
+            "tensor_parallel": tensor_parallel,
             "eps": 1e-6,  # see test_tensor_parallel.raw_config
         },
         "checkpoint": {"every_steps": RESUME_AT, "keep_last": 2},
@@ -56,6 +59,12 @@ def middle(out):
     return out / "checkpoints" / f"step_{RESUME_AT:07d}"
 
 
+def final_val_loss(lines: list[dict]) -> float:
+    """The validation loss of the run's end (scored stage by stage under pipeline parallelism)."""
+    (record,) = [r for r in lines if r["kind"] == "eval"]
+    return record["val_loss"]
+
+
 @pytest.mark.slow  # two training processes (gloo), three launches
 def test_pp2_1f1b_matches_one_process_and_checkpoints_change_layout(single, data, tmp_path):  # noqa: F811
     tokens, tokenizer = data
@@ -68,6 +77,7 @@ def test_pp2_1f1b_matches_one_process_and_checkpoints_change_layout(single, data
     assert len(losses(lines)) == STEPS
     assert_same_losses(reference, losses(lines))
     assert_same_weights(final_checkpoint(single_out), final_checkpoint(pp_out))
+    assert final_val_loss(lines) == pytest.approx(final_val_loss(read_metrics(single_out)), rel=1e-5)
     # PP2 -> one process: steps 4 and 5 as the uninterrupted run.
     one = tmp_path / "pp2-to-1"
     train(config_from_dict(raw_config()), tokens, tokenizer, one, resume=middle(pp_out))
@@ -117,6 +127,25 @@ def test_pp2_x_fsdp2_on_four_processes_matches_one(single, data, tmp_path):  # n
     assert_same_losses(reference, losses(read_metrics(one)))
 
 
+@pytest.mark.slow  # four training processes (gloo)
+def test_pp2_x_tp2_on_four_processes_matches_one(single, data, tmp_path):  # noqa: F811
+    tokens, tokenizer = data
+    single_out, reference = single
+    out = tmp_path / "pp2-tp2"
+    lines = run_processes(4, raw_config(pipeline_parallel=2, tensor_parallel=2), tokens, tokenizer, out)
+    start = next(r for r in lines if r.get("event") == "start")
+    assert start["world_size"] == 4 and start["grad_accum"] == 4  # one data-parallel rank
+    assert len(losses(lines)) == STEPS
+    assert_same_losses(reference, losses(lines))
+    assert_same_weights(final_checkpoint(single_out), final_checkpoint(out))
+    assert final_val_loss(lines) == pytest.approx(final_val_loss(read_metrics(single_out)), rel=1e-5)
+    # Stages of tensor-parallel shards resume in one process.
+    one = tmp_path / "pp2-tp2-to-1"
+    train(config_from_dict(raw_config()), tokens, tokenizer, one, resume=middle(out))
+    assert sorted(losses(read_metrics(one))) == [4, 5]
+    assert_same_losses(reference, losses(read_metrics(one)))
+
+
 def pp_config(model: dict | None = None, eval_every_steps: int = 0, **train):
     raw = raw_config(**{k: train.pop(k) for k in ("parallel", "pipeline_parallel", "schedule") if k in train})
     raw["model"].update(model or {})
@@ -135,7 +164,7 @@ def test_layout_puts_pp_outermost_with_fsdp_inside():
     [
         ({"model": {"tie_embeddings": True}}, ["model.tie_embeddings = true", "set model.tie_embeddings = false"]),
         ({"model": {"n_layers": 3}, "schedule": "interleaved_1f1b"}, ["needs 4 stages", "model.n_layers is 3"]),
-        ({"tensor_parallel": 2}, ["train.tensor_parallel or train.context_parallel"]),
+        ({"context_parallel": 2}, ["does not compose with train.context_parallel"]),
         ({"precision": "fp16"}, ["train.precision = 'fp16'", "use 'bf16'"]),
         ({"compile": True}, ["train.compile"]),
         ({"monitor_every": 5}, ["train.monitor_every"]),
@@ -146,7 +175,7 @@ def test_layout_puts_pp_outermost_with_fsdp_inside():
 def test_pipeline_layouts_that_cannot_be_built_name_the_keys(overrides, names):
     with pytest.raises(ConfigError) as err:
         cfg = pp_config(pipeline_parallel=2, **overrides)
-        layout_for(cfg, 2 * cfg.train.tensor_parallel)
+        layout_for(cfg, 2 * cfg.train.context_parallel)
     for name in names:
         assert name in str(err.value)
 

@@ -133,10 +133,8 @@ def check_pipeline_parallel(cfg: Config) -> None:
             "model.tie_embeddings = true puts the embedding matrix on the first stage and the LM head on "
             "the last; set model.tie_embeddings = false"
         )
-    if tc.tensor_parallel > 1 or tc.context_parallel > 1:
-        problems.append(
-            "it does not compose with train.tensor_parallel or train.context_parallel yet; set them to 1"
-        )
+    if tc.context_parallel > 1:
+        problems.append("it does not compose with train.context_parallel yet; set one of the two to 1")
     if m.moe_experts:
         problems.append(
             "MoE layers (model.moe_experts) have no pipeline plan (their balancing loss spans stages)"

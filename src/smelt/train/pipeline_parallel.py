@@ -60,6 +60,11 @@ def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
     return tensor
 
 
+def _full(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Loss parts as plain tensors: under tensor parallelism they are DTensors (autograd flows through)."""
+    return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in parts.items()}
+
+
 class NotOnThisStage(nn.Module):
     """The place of a module another pipeline stage owns: no parameters, and no forward."""
 
@@ -162,9 +167,9 @@ class PipelineSplit:
         """The L2 norm of every stage's gradients together, in fp32, the same on every rank.
 
         Each rank sums the squares of its own gradients: whole tensors (one data-parallel rank per stage)
-        or FSDP2 shards, each element divided by the number of data-parallel replicas holding it (HSDP's
-        replicate dimension; tensor and context parallelism are refused under PP). The sum over all
-        ranks is then the whole model's.
+        or DTensor shards (FSDP2, tensor parallelism), each element divided by the number of ranks of
+        its stage holding it (replicated norms over "tp", HSDP's replicas; partial sums are summed
+        first, as distributed.reduce_partial_grads_ does). The sum over all ranks is the whole model's.
         """
         squares = torch.zeros((), dtype=torch.float32)
         for p in params:
@@ -173,6 +178,11 @@ class PipelineSplit:
                 continue
             copies = 1
             if hasattr(grad, "placements"):
+                if any(pl.is_partial() for pl in grad.placements):  # sequence-parallel norms: sum over "tp"
+                    from torch.distributed.tensor import Replicate
+
+                    keep = [Replicate() if pl.is_partial() else pl for pl in grad.placements]
+                    p.grad = grad = grad.redistribute(grad.device_mesh, keep)
                 mesh = grad.device_mesh
                 copies = math.prod(mesh.size(i) for i, pl in enumerate(grad.placements) if pl.is_replicate())
                 grad = grad.to_local()
@@ -207,6 +217,10 @@ class PipelineModel(nn.Module):
         super().__init__()
         from torch.distributed.pipelining import PipelineStage
 
+        if mesh.tensor_parallel:  # the whole model first (its plan names the unsplit modules), then split
+            from smelt.train.tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(model, mesh.tp_mesh())
         chunks = split_model(model, mesh, schedule)
         if mesh.layout.dp > 1:  # FSDP2 over the data-parallel ranks of each stage, units as wrap_model's
             from torch.distributed.fsdp import fully_shard
@@ -218,6 +232,7 @@ class PipelineModel(nn.Module):
         self.chunks = nn.ModuleList(chunks)
         self.split: PipelineSplit = model.pipeline_split  # type: ignore[assignment]
         self.schedule_name, self.device = schedule, device
+        self.loss_context, self.tp = mesh.loss_context, mesh.layout.tp  # TP: loss_parallel, sequence shards
         self.z_loss = float(model.cfg.z_loss)  # type: ignore[union-attr]
         pp, rank = mesh.layout.pp, mesh.layout.coordinates(mesh.rank)["pp"]
         owned = [s for s in range(self.split.stages) if s % pp == rank]
@@ -269,7 +284,7 @@ class PipelineModel(nn.Module):
         i = (targets.data_ptr() - base.data_ptr()) // row_bytes // rows_per_micro
         weight = state["counts"][i] / state["global_tokens"]
         per_source = state["by_source"] is not None
-        parts = lm_loss(logits, targets, self.z_loss, "none" if per_source else "mean")
+        parts = _full(lm_loss(logits, targets, self.z_loss, "none" if per_source else "mean"))
         if per_source:
             state["rows"][i] = parts["ce"].detach().double().sum(dim=1)
             parts = {k: v.sum() / max(state["counts"][i], 1) for k, v in parts.items()}
@@ -310,7 +325,8 @@ class PipelineModel(nn.Module):
              "position_ids": torch.cat([m.position_ids for m in micro]).to(device)}
             if doc_masking else {}
         )  # fmt: skip
-        self._schedule(len(micro)).step(inputs, target=targets, return_outputs=False, **docs)
+        with self.loss_context():  # TP's vocabulary-parallel cross-entropy, forward and backward
+            self._schedule(len(micro)).step(inputs, target=targets, return_outputs=False, **docs)
         state, pp_group = self._loss_state, self.split.pp_group
         ce_sum = torch.zeros((), device=device, dtype=torch.float32)
         if self.has_last:
@@ -361,7 +377,7 @@ class PipelineModel(nn.Module):
                 continue
             if s > 0 and before != me:
                 x = torch.empty(
-                    B, T, self.chunks[0].cfg.d_model, dtype=self._hidden_dtype(), device=idx.device
+                    B, T // self.tp, self.chunks[0].cfg.d_model, dtype=self._hidden_dtype(), device=idx.device
                 )
                 dist.recv(x, group=group, group_src=before)
             x = self.chunks[self.owned.index(s)](x, **docs)
@@ -370,7 +386,8 @@ class PipelineModel(nn.Module):
                 dist.send(x, group=group, group_dst=after)
         last = (split.stages - 1) % split.pp
         if self.has_last:
-            parts = lm_loss(x, targets, self.z_loss, reduction)
+            with self.loss_context():
+                parts = _full(lm_loss(x, targets, self.z_loss, reduction))
             loss = torch.stack([parts["ce"], parts["z_loss"], parts["loss"]]).float()
         else:
             shape = (3, B, T) if reduction == "none" else (3,)
