@@ -59,13 +59,13 @@ def test_train_check_rejects_a_layout_the_model_cannot_take(data):  # noqa: F811
         pilot_checks(config_from_dict(raw), tokens, tokenizer)
 
 
-def test_pipeline_stages_are_named_as_not_built():
+def test_pipeline_stages_are_emitted_as_keys():
     layout = Layout(tp=2, pp=2, dp=4, zero=1, seq_len=32, micro_batch=2, microbatches=8)
     keys, not_built = train_keys(layout, 32 * 2 * 8 * 4)
-    assert keys == {"parallel": "fsdp", "data_parallel": 4, "tensor_parallel": 2, "seq_len": 32,
-                    "micro_batch": 2, "batch_tokens": 2048}  # fmt: skip
-    assert len(not_built) == 1 and not_built[0].startswith("PP 2: pipeline parallelism is not built yet")
-    assert "# pipeline_parallel = 2" in train_keys_toml(layout, 2048)
+    assert keys == {"parallel": "fsdp", "data_parallel": 4, "tensor_parallel": 2, "pipeline_parallel": 2,
+                    "seq_len": 32, "micro_batch": 2, "batch_tokens": 2048}  # fmt: skip
+    assert not_built == []
+    assert "\npipeline_parallel = 2\n" in train_keys_toml(layout, 2048)
 
 
 def test_plan_memory_prints_and_writes_the_keys(tmp_path, capsys):
@@ -87,8 +87,8 @@ def test_plan_memory_prints_and_writes_the_keys(tmp_path, capsys):
     out = capsys.readouterr().out
     toml = out.split("checks them):\n", 1)[1].split("\n\n", 1)[0]
     keys = tomllib.loads(toml)["train"]
-    assert keys == {"parallel": "fsdp", "data_parallel": 2, "tensor_parallel": 4, "seq_len": 4096,
-                    "micro_batch": 2, "batch_tokens": 4194304}  # fmt: skip
-    assert "# pipeline_parallel = 2  (not built yet)" in toml and "not built: PP 2" in out
+    assert keys == {"parallel": "fsdp", "data_parallel": 2, "tensor_parallel": 4, "pipeline_parallel": 2,
+                    "seq_len": 4096, "micro_batch": 2, "batch_tokens": 4194304}  # fmt: skip
+    assert "not built" not in out
     written = json.loads((tmp_path / "plan.json").read_text())
-    assert written["train_keys"] == keys and written["not_built"][0].startswith("PP 2")
+    assert written["train_keys"] == keys and written["not_built"] == []

@@ -8,39 +8,36 @@ from smelt.plan.memory import Layout
 
 
 def train_keys(layout: Layout, global_batch_tokens: int) -> tuple[dict[str, Any], list[str]]:
-    """The `[train]` keys that train `layout` (see train/mesh.py), and the parts smelt cannot train yet.
+    """The `[train]` keys that train `layout` (see train/mesh.py), and the parts smelt cannot train yet
+    (none today: every layout the planner weighs has its keys).
 
     ZeRO 0 is train.parallel = "ddp"; ZeRO 1 to 3 are "fsdp": FSDP2 shards weights, gradients and
     optimizer state, so it needs no more memory per GPU than the stage the plan assumed (and exchanges
     more: weights are gathered per layer). The global batch becomes train.batch_tokens, which the
-    trainer splits into micro batches per data-parallel rank and accumulation steps itself.
+    trainer splits into micro batches per data-parallel rank and accumulation steps itself. Pipeline
+    stages are train.pipeline_parallel with the 1F1B schedule (the default, train.pipeline_schedule),
+    which the plan's activation memory assumes; a pipelined model must have untied embeddings
+    (`smelt train --check` names model.tie_embeddings otherwise).
     """
     keys: dict[str, Any] = {
         "parallel": "fsdp" if layout.zero >= 1 else "ddp",
         "data_parallel": layout.dp,
         "tensor_parallel": layout.tp,
+        "pipeline_parallel": layout.pp,
         "seq_len": layout.seq_len,
         "micro_batch": layout.micro_batch,
         "batch_tokens": global_batch_tokens,
     }
-    not_built = []
-    if layout.pp > 1:
-        not_built.append(
-            f"PP {layout.pp}: pipeline parallelism is not built yet. Without it these keys run TP x DP = "
-            f"{layout.tp * layout.dp} of the {layout.gpus} GPUs, each holding {layout.pp} times the layers "
-            f"this plan counts; pick a layout with PP 1 from the table (--tp/--dp) until it is"
-        )
+    not_built: list[str] = []
     return keys, not_built
 
 
 def train_keys_toml(layout: Layout, global_batch_tokens: int) -> str:
-    """`train_keys` as a `[train]` table to paste into a run config (what is not built, commented out)."""
+    """`train_keys` as a `[train]` table to paste into a run config."""
     keys, _ = train_keys(layout, global_batch_tokens)
     lines = ["[train]"]
     for key, value in keys.items():
         lines.append(f'{key} = "{value}"' if isinstance(value, str) else f"{key} = {value}")
-    if layout.pp > 1:
-        lines.append(f"# pipeline_parallel = {layout.pp}  (not built yet)")
     return "\n".join(lines)
 
 
