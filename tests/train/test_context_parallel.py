@@ -15,7 +15,7 @@ from smelt.config import config_from_dict
 from smelt.errors import ConfigError
 from smelt.model.attention import dense_mask
 from smelt.train.context_parallel import chunk_positions, context_mask, gathered_positions
-from smelt.train.mesh import MeshLayout, layout_for
+from smelt.train.mesh import MeshLayout, check_layout_keys, layout_for
 from smelt.train.trainer import train
 
 from .test_tensor_parallel import (  # noqa: F401 - the data and single fixtures
@@ -162,7 +162,9 @@ def test_cp2_x_fsdp2_on_four_processes_matches_one(single, data, tmp_path):  # n
     tokens, tokenizer = data
     single_out, reference = single
     out = tmp_path / "cp2-fsdp2"
-    lines = run_processes(4, cp_config(parallel="fsdp"), tokens, tokenizer, out)
+    raw = cp_config(parallel="fsdp")
+    raw["model"]["activation_checkpointing"] = True  # the recompute gathers keys and values again
+    lines = run_processes(4, raw, tokens, tokenizer, out)
     start = next(r for r in lines if r.get("event") == "start")
     assert start["world_size"] == 4 and start["grad_accum"] == 1  # two data-parallel ranks
     assert len(losses(lines)) == STEPS
@@ -184,6 +186,12 @@ def test_cp_layouts_share_rows_within_a_cp_group():
     layout = layout_for(config_from_dict(cp_config(parallel="fsdp")), 4)
     assert layout == MeshLayout(dp_shard=2, cp=2)
     assert [layout.data_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    # `smelt train --check` names the launch the keys ask for.
+    launch = check_layout_keys(config_from_dict(cp_config()))
+    assert (
+        launch
+        == "dp_replicate 1 x dp_shard 1 x cp 2 x tp 1 = 2 processes (train.data_parallel = 0: any multiple of 2)"
+    )
 
 
 @pytest.mark.parametrize(

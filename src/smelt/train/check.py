@@ -36,8 +36,9 @@ REPRO_STEPS = 20
 def _cpu_config(cfg: Config, **train: object) -> Config:
     # One process: the mesh keys are checked on their own (check_layout_keys), not launched.
     tc = dataclasses.replace(
-        cfg.train, device="cpu", precision="fp32", compile=False, tensor_parallel=1, data_parallel=0, **train
-    )
+        cfg.train, device="cpu", precision="fp32", compile=False, tensor_parallel=1, context_parallel=1,
+        pipeline_parallel=1, data_parallel=0, **train,
+    )  # fmt: skip
     return dataclasses.replace(cfg, train=tc)
 
 
@@ -61,7 +62,8 @@ def pilot_checks(cfg: Config, tokens_dir: Path, tokenizer_dir: Path) -> list[tup
     """Run the pilot checks; returns (name, passed, detail) rows for a pass/fail table."""
     tokens_dir, tokenizer_dir = Path(tokens_dir), Path(tokenizer_dir)
     results: list[tuple[str, bool, str]] = []
-    if cfg.train.tensor_parallel > 1 or cfg.train.data_parallel:  # ConfigError when it cannot be launched
+    tc = cfg.train  # the mesh keys: ConfigError when they cannot be launched
+    if tc.tensor_parallel > 1 or tc.context_parallel > 1 or tc.pipeline_parallel > 1 or tc.data_parallel:
         results.append(("parallel layout", True, check_layout_keys(cfg)))
     cfg = _cpu_config(cfg)
     vocab = read_vocab_size(tokenizer_dir)
