@@ -1,4 +1,4 @@
-"""The checkpoint commands: `smelt export hf` and `smelt checkpoint list|verify|average`."""
+"""The checkpoint commands: `smelt export hf` and `smelt checkpoint list|verify|average|drill`."""
 
 from __future__ import annotations
 
@@ -77,6 +77,20 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=_average)
 
+    p = actions.add_parser(
+        "drill",
+        help="restore drill: replay the steps after the newest checkpoint and compare with metrics.jsonl",
+        description="Resume the newest committed checkpoint of RUN that has logged steps after it in a side "
+        "process (nothing is written into RUN), run the next steps and compare their losses and gradient "
+        "norms with RUN/train/metrics.jsonl: exact on the CPU in fp32, within a tolerance otherwise. "
+        "Exit 0 on a match, 1 on a mismatch, 2 on a user error.",
+    )
+    p.add_argument("run", help="run directory (or its train/checkpoints folder)")
+    p.add_argument("--step", type=int, default=None, help="drill this checkpoint step instead of the newest")
+    p.add_argument("--steps", type=int, default=None, help="steps to replay (default: one log window)")
+    p.add_argument("--tolerance", type=float, default=None, help="relative tolerance instead of the default")
+    p.set_defaults(func=_drill)
+
 
 def _list(args: argparse.Namespace) -> int:
     from smelt.checkpoint.tools import list_table
@@ -100,6 +114,18 @@ def _average(args: argparse.Namespace) -> int:
     print(f"{kind} of steps {', '.join(map(str, summary['sources']))} -> {out}")
     print("a weights-only checkpoint: evaluate or export it by its directory; it cannot be resumed")
     return 0
+
+
+def _drill(args: argparse.Namespace) -> int:
+    from smelt.checkpoint.drill import DrillFailed, drill_report, run_drill
+
+    try:
+        result = run_drill(args.run, steps=args.steps, step=args.step, tolerance=args.tolerance)
+    except DrillFailed as exc:
+        print(f"FAIL: {exc}")
+        return 1
+    print(drill_report(result))
+    return 0 if result.passed else 1
 
 
 def _export_hf(args: argparse.Namespace) -> int:
