@@ -44,6 +44,7 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
         "eval_time_s": train.get("eval_time_s"),
         "eval_share": train.get("eval_share"),
         "evals_skipped": train.get("evals_skipped"),
+        "train_goodput": train.get("goodput"),  # where the training wall time went (train/goodput.py)
         "val_bits_per_byte": heldout["bits_per_byte"],  # total bits over total bytes, all sources
         "val_bits_per_byte_by_source": {
             source: figures["bits_per_byte"]
@@ -104,6 +105,7 @@ def print_summary(summary: dict[str, Any]) -> None:
         ),
         *by_source_row("val loss by source", summary.get("val_loss_by_source")),
         ("validation time", eval_time(summary)),
+        *goodput_rows(summary.get("train_goodput")),
         ("val bits/byte: model", fmt(summary["val_bits_per_byte"], ".4f")),
         *by_source_row("val bits/byte by source", summary.get("val_bits_per_byte_by_source")),
         ("val bits/byte: gzip -9", fmt(summary["val_gzip_bits_per_byte"], ".4f")),
@@ -129,6 +131,30 @@ def val_weighting(summary: dict[str, Any]) -> str:
     weighting = summary.get("val_loss_weighting") or "mixture"
     how = "the training mixture" if weighting == "mixture" else "tokens scored"
     return f" (val: {len(sources)} sources weighted by {how})"
+
+
+def goodput_rows(figures: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The goodput row (productive step time over wall time, and where the rest went) and the
+    checkpoint-interval advice, when the run logged the figures."""
+    if not figures or figures.get("goodput") is None:
+        return []
+    lost = ", ".join(
+        f"{name} {figures[key]:.1f}s"
+        for name, key in (("restarts", "restart_downtime_s"), ("redone steps", "lost_s"),
+                          ("checkpoint stalls", "checkpoint_stall_s"), ("eval", "eval_s"), ("other", "other_s"))
+        if figures.get(key)
+    )  # fmt: skip
+    rows = [
+        (
+            "goodput",
+            f"{100 * figures['goodput']:.1f}% of {figures['wall_s']:.1f}s" + (f" ({lost})" if lost else ""),
+        )
+    ]
+    advice = figures.get("checkpoint_interval")
+    if advice:
+        rows.append(("checkpoint interval", advice.get("hint") or (
+            f"every {advice['every_steps']} steps is near the Young-Daly interval of {advice['optimal_every_steps']}")))  # fmt: skip
+    return rows
 
 
 def by_source_row(name: str, values: dict[str, float] | None) -> list[tuple[str, str]]:

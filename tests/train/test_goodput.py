@@ -229,3 +229,22 @@ def test_two_process_training_names_the_rank_whose_loader_sleeps(tmp_path):
     assert stragglers and {r["rank"] for r in stragglers} == {1}
     assert len(stragglers) == len({r["step"] for r in stragglers})  # at most one per window
     assert "rank 1 is a straggler" in done.stderr
+
+
+def test_the_pipeline_summary_prints_goodput_and_the_interval_hint():
+    from smelt.summary import goodput_rows
+
+    figures = {"goodput": 0.8, "wall_s": 100.0, "restart_downtime_s": 0.0, "lost_s": 5.0,
+               "checkpoint_stall_s": 3.0, "eval_s": 2.0, "other_s": 10.0,
+               "checkpoint_interval": interval_advice(2.0, 0.5, 1.0, every_steps=1000)}  # fmt: skip
+    rows = dict(goodput_rows(figures))
+    assert (
+        rows["goodput"]
+        == "80.0% of 100.0s (redone steps 5.0s, checkpoint stalls 3.0s, eval 2.0s, other 10.0s)"
+    )
+    assert rows["checkpoint interval"].startswith("checkpoint.every_steps = 1000 is far from the Young-Daly")
+    figures["checkpoint_interval"] = interval_advice(2.0, 0.5, 1.0, every_steps=250)
+    assert dict(goodput_rows(figures))["checkpoint interval"] == (
+        "every 250 steps is near the Young-Daly interval of 240"
+    )
+    assert goodput_rows(None) == []
