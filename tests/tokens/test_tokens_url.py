@@ -44,3 +44,23 @@ def test_token_shards_to_a_store(tmp_path, documents, tokenizer_dir, monkeypatch
     again = tokenize(cfg, documents, tokenizer_dir, url, url_cache=str(tmp_path / "cache"))
     assert again["resumed_shards"] == local["shards"]  # the staging directory kept every shard
     assert uploads == []  # the same bytes: nothing to upload
+
+
+@pytest.mark.slow
+def test_tokenize_with_a_killed_encoding_worker_is_byte_identical(
+    tmp_path, documents, tokenizer_dir, monkeypatch
+):
+    import functools
+
+    import smelt.tokens.tokenize as tokenize_module
+    from pool_faults import die_once
+
+    cfg = TokensConfig(shard_tokens=300, batch_docs=2, retries=1)
+    clean = tokenize(cfg, documents, tokenizer_dir, tmp_path / "clean", workers=1)  # same bytes as 2
+    marker = tmp_path / "killed-once"
+    encode = functools.partial(die_once, str(marker), "smelt.tokens.tokenize:_encode_in_worker")
+    monkeypatch.setattr(tokenize_module, "_encode_in_worker", encode)
+    killed = tokenize(cfg, documents, tokenizer_dir, tmp_path / "killed", workers=2)
+    assert marker.exists()  # an encoding worker did die mid-batch
+    assert _tree(tmp_path / "killed") == _tree(tmp_path / "clean")  # no document lost or repeated
+    assert killed["documents"] == clean["documents"] and killed["tokens"] == clean["tokens"]
