@@ -9,6 +9,7 @@ import torch
 from smelt.config import config_from_dict
 from smelt.errors import ConfigError
 from smelt.model.transformer import Transformer
+from smelt.train.check import pilot_checks
 from smelt.train.mesh import MeshLayout, layout_for
 from smelt.train.pipeline_parallel import split_model, stage_layers
 from smelt.train.trainer import train
@@ -152,6 +153,20 @@ def pp_config(model: dict | None = None, eval_every_steps: int = 0, **train):
     raw["eval"] = {"every_steps": eval_every_steps}
     raw["train"].update(train)
     return config_from_dict(raw)
+
+
+@pytest.mark.slow  # the pilot's overfit run
+def test_train_check_accepts_a_pipeline_layout_and_names_a_tied_head(data, monkeypatch):  # noqa: F811
+    tokens, tokenizer = data
+    monkeypatch.setattr("smelt.train.check.OVERFIT_LR", 3e-3)  # a tiny model overfits faster
+    raw = raw_config("fsdp", pipeline_parallel=2, tensor_parallel=2)
+    raw["train"]["data_parallel"] = 2
+    rows = pilot_checks(config_from_dict(raw), tokens, tokenizer)
+    assert rows[0] == ("parallel layout", True, "pp 2 x dp_replicate 1 x dp_shard 2 x tp 2 = 8 processes")
+    assert all(passed for _, passed, _ in rows), rows
+    raw["model"]["tie_embeddings"] = True
+    with pytest.raises(ConfigError, match="set model.tie_embeddings = false"):
+        pilot_checks(config_from_dict(raw), tokens, tokenizer)
 
 
 def test_layout_puts_pp_outermost_with_fsdp_inside():

@@ -144,7 +144,7 @@ def check_pipeline_parallel(cfg: Config) -> None:
             "train.precision = 'fp16' needs one loss scale over every stage, not built; use 'bf16'"
         )
     if tc.compile:
-        problems.append("train.compile is not built for pipeline stages; set it to false")
+        problems.append(f"train.compile = {tc.compile!r} is not built for pipeline stages; set it to false")
     if tc.monitor_every:
         problems.append("train.monitor_every (per-layer ratios) is not built for it; set it to 0")
     if cfg.eval.every_steps:

@@ -23,6 +23,13 @@ zeros), so every rank logs the same number. The gradient norm for the clip is su
 (`PipelineSplit.grad_norm`). With train.parallel = "fsdp" (or "ddp" with several data-parallel ranks,
 HSDP with shards of one) each stage's blocks and its root are FSDP2 units over the data-parallel sub-mesh.
 
+With train.tensor_parallel the whole model is first sharded by tensor_parallel.py's plan (it names the
+unsplit modules), then split: between stages each tensor-parallel rank passes its sequence shard of the
+residual stream to the rank with the same "tp" coordinate in the next stage, and the schedule runs
+under `loss_parallel()` for the vocabulary-parallel cross-entropy of the last stage. What does not
+compose (context parallelism, MoE, fp16's loss scale, compile, per-layer ratios, in-loop task scores)
+is refused in mesh.check_pipeline_parallel, each with its key.
+
 Validation (a forward without gradients, as monitors.evaluate calls the model) passes the activations
 from stage to stage point to point and broadcasts the last stage's losses over the pp group.
 """
