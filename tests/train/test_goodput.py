@@ -184,6 +184,11 @@ def test_a_killed_and_resumed_run_reports_its_restart_and_lost_steps(tmp_path, m
     advice = figures["checkpoint_interval"]
     assert advice["mtbf_hours"] == 0.001 and advice["optimal_every_steps"] >= 1
     assert advice["save_cost_s"] == pytest.approx(figures["save_cost_s"])
+    from smelt.report.run import load_run
+    from smelt.report.train_sections import throughput_section
+
+    html = throughput_section(load_run(tmp_path))
+    assert "where the wall time went" in html and "1 restart(s), 2 step(s) redone after a resume" in html
 
 
 _STRAGGLER_WORKER = """
@@ -229,6 +234,11 @@ def test_two_process_training_names_the_rank_whose_loader_sleeps(tmp_path):
     assert stragglers and {r["rank"] for r in stragglers} == {1}
     assert len(stragglers) == len({r["step"] for r in stragglers})  # at most one per window
     assert "rank 1 is a straggler" in done.stderr
+    from smelt.report.run import load_run
+    from smelt.report.train_sections import throughput_section
+
+    html = throughput_section(load_run(tmp_path))
+    assert f"{len(stragglers)} straggler alert(s), ranks [1]" in html and "rank 1 own time p50" in html
 
 
 def test_the_pipeline_summary_prints_goodput_and_the_interval_hint():

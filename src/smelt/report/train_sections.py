@@ -9,6 +9,7 @@ from smelt.metric_records import describe_event, finite
 from smelt.report.page import missing, note, row, table
 from smelt.report.run import Run
 from smelt.report.svg import EVENT_COLORS, Chart, Marker, Series, chart_svg, timeline_svg
+from smelt.train.goodput import GOODPUT_PARTS, run_goodput
 
 # Events that change how a curve should be read; they are drawn on the loss plot and the timeline.
 NOTABLE = ("alert", "skip", "rollback", "resume", "stage", "overflow")
@@ -242,7 +243,49 @@ def throughput_section(run: Run) -> str:
         f"logged window includes start-up and compilation. Memory is peak accelerator memory on CUDA, else "
         f"the process's peak RSS."
     )
-    return row(*charts) + text
+    return row(*charts) + text + operations(run)
+
+
+def operations(run: Run) -> str:
+    """Step-time percentiles per rank, straggler alerts, goodput and the checkpoint-interval advice
+    (train/goodput.py), for runs whose train records carry them."""
+    timed = [r for r in run.kind("train") if finite(r.get("step_time_p50_s"))]
+    if not timed:
+        return ""
+    xs = [run.cumulative(r.get("tokens")) for r in timed]
+    ranks = max(len(r.get("rank_own_time_p50_s") or []) for r in timed)
+    series = [Series("step time p50 (rank 0)", xs, [r["step_time_p50_s"] for r in timed]),
+              Series("step time p99 (rank 0)", xs, [r.get("step_time_p99_s") for r in timed], dash="4 3")]  # fmt: skip
+    for rank in range(ranks):
+        own = [(r.get("rank_own_time_p50_s") or [None] * ranks)[rank] for r in timed]
+        series.append(Series(f"rank {rank} own time p50", xs, own, dash="1 2"))
+    parts = [chart_svg(Chart("step time per log window", "tokens", "seconds", series, y_zero=True, **SMALL))]
+    stragglers = [r for r in run.events("alert") if r.get("alert") == "straggler"]
+    parts.append(note(
+        f"{len(stragglers)} straggler alert(s)" + (f", ranks {sorted({r.get('rank') for r in stragglers})}"
+                                                    if stragglers else "")
+        + ". A rank's own time is its time per step outside the step's synchronised section (data, update, "
+        "host work); every rank waits for the slowest there, so wall step times agree across ranks."))  # fmt: skip
+    checkpoint = (run.config or {}).get("checkpoint") or {}
+    figures = run_goodput(run.metrics_path.parent, float(checkpoint.get("mtbf_hours") or 0.0),
+                          int(checkpoint.get("every_steps") or 0))  # fmt: skip
+    if figures is None:
+        return "\n".join(parts)
+    shares = [(name, figures[key]) for name, key in GOODPUT_PARTS]
+    parts.append(table(["where the wall time went", "seconds", "share"],
+                       [[name, f"{value:.2f}", f"{100 * value / max(figures['wall_s'], 1e-9):.1f}%"]
+                        for name, value in shares]))  # fmt: skip
+    parts.append(note(
+        f"goodput {100 * (figures['goodput'] or 0):.1f}%: productive step time over {figures['wall_s']:.1f} s of "
+        f"wall time; {figures['restarts']} restart(s), {figures['lost_steps']} step(s) redone after a resume, "
+        f"{figures['checkpoints']} checkpoint(s)."))  # fmt: skip
+    advice = figures.get("checkpoint_interval")
+    if advice:
+        parts.append(note(advice.get("hint") or (
+            f"checkpoint.every_steps = {advice['every_steps']} is near the Young-Daly interval of "
+            f"{advice['optimal_every_steps']} steps (save cost {advice['save_cost_s']:.3g} s, MTBF "
+            f"{advice['mtbf_hours']:g} h).")))  # fmt: skip
+    return "\n".join(parts)
 
 
 def _model_mfu_series(train: list[dict[str, Any]], xs: list[float]) -> list[Series]:

@@ -193,6 +193,17 @@ def _own_step_s(record: dict[str, Any]) -> float:
     return max(0.0, float(record.get("step_time_s") or 0.0) - float(record.get("checkpoint_wait_s") or 0.0))
 
 
+# The parts wall time is split into, as (name, key of `goodput`'s result); they add up to wall_s.
+GOODPUT_PARTS = (
+    ("productive step time", "productive_s"),
+    ("steps redone after a resume", "lost_s"),
+    ("restart downtime", "restart_downtime_s"),
+    ("checkpoint stalls", "checkpoint_stall_s"),
+    ("evaluation", "eval_s"),
+    ("other (start-up, logging, the end)", "other_s"),
+)
+
+
 def goodput(train_dir: Path) -> dict[str, Any] | None:
     """Where the wall time of the run in `train_dir` went, from its metrics files; None when they hold
     no timed train records (a run logged before these fields existed, or not yet logging).
