@@ -6,8 +6,9 @@ matmul peak of the same precision measured on this machine (`measure_cpu_matmul_
 analogue of MFU. With CUDA: llama-124m and llama-1b in bf16 autocast under torch.compile, against
 $SMELT_PEAK_FLOPS (e.g. 989e12 for an H200's dense bf16) or a measured bf16 matmul peak.
 
-FLOPs per token follow the design: 6 N (N non-embedding parameters) + 12 L d s. A tied LM head is a
-real matmul that this convention leaves out, so `..._with_head` figures add its 6 V d.
+FLOPs per token (smelt/model/flops.py): PaLM's 6 N + 12 L d s with N the non-embedding parameters
+plus the LM head, tied or not; `..._model_flops` figures count the matmuls alone, causal attention at
+(s + 1) / 2 keys per query. Results written before the head was counted have `..._with_head` keys.
 
 Document masking (`..._docmask_...`): packed rows of documents averaging DOC_MEAN_TOKENS tokens, in
 tokens/s for each attention path: `causal` (no mask: the ceiling), `sdpa` (dense boolean mask) and
@@ -26,7 +27,7 @@ import torch
 from common import write_result
 
 from smelt.model.attention import flex_backward_supported
-from smelt.model.flops import count_params, flops_per_token
+from smelt.model.flops import count_params, flops_per_token, model_flops_per_token
 from smelt.model.sizing import preset_config
 from smelt.model.transformer import Transformer, position_ids_from_doc_ids
 from smelt.train.precision import measure_cpu_matmul_flops
@@ -80,7 +81,7 @@ def bench(
     seconds = step_time(fn, x, y, precision, device, steps)
     tps = batch * seq / seconds
     per_token = flops_per_token(cfg, VOCAB, seq)
-    head = 6 * VOCAB * cfg.d_model if cfg.tie_embeddings else 0
+    model_flops = model_flops_per_token(cfg, VOCAB, seq)
     key = f"{name}_{precision}"
     return {
         f"{key}_params_non_embedding": count_params(cfg, VOCAB)["non_embedding"],
@@ -88,7 +89,7 @@ def bench(
         f"{key}_step_ms": round(1000 * seconds, 2),
         f"{key}_tflops_per_s": round(tps * per_token / 1e12, 4),
         f"{key}_fraction_of_peak": round(tps * per_token / peak, 4),
-        f"{key}_fraction_of_peak_with_head": round(tps * (per_token + head) / peak, 4),
+        f"{key}_fraction_of_peak_model_flops": round(tps * model_flops / peak, 4),
     }
 
 

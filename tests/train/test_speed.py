@@ -130,3 +130,42 @@ def test_adamw_runs_the_multi_tensor_kernel_on_cpu_and_the_fused_one_on_cuda(dev
     assert bool(group["foreach"]) == (kernel == "foreach") and bool(group["fused"]) == (kernel == "fused")
     model(torch.randint(0, VOCAB, (1, 8)), torch.randint(0, VOCAB, (1, 8)))[1].backward()
     optimizer.step()  # the chosen kernel runs
+
+
+def _bench_gpu(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    monkeypatch.syspath_prepend(str(bench))  # for its `common` import
+    spec = importlib.util.spec_from_file_location("bench_gpu", bench / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpu_bench_without_cuda_exits_2_and_says_why(monkeypatch, capsys):
+    gpu = _bench_gpu(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu.main(["--presets", "tiny-1m", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "bench/gpu.py measures smelt's CUDA training path" in err and "no CUDA device" in err
+
+
+def test_the_gpu_bench_packs_documents_with_restarting_positions(monkeypatch):
+    gpu = _bench_gpu(monkeypatch)
+    rows = gpu.packed_rows(2, 256, 32, VOCAB, torch.device("cpu"), seed=0)
+    docs, pos = rows["doc_ids"], rows["position_ids"]
+    assert rows["inputs"].shape == rows["targets"].shape == docs.shape == (2, 256)
+    assert bool((docs.diff(dim=1) >= 0).all()) and int(docs[:, -1].min()) >= 2  # several documents a row
+    starts = torch.cat([torch.ones(2, 1, dtype=torch.bool), docs.diff(dim=1) > 0], dim=1)
+    assert bool((pos[starts] == 0).all()) and bool((pos[~starts] > 0).all())
+
+
+@pytest.mark.parametrize(("device_type", "pinned"), [("cuda", True), ("cpu", False)])
+def test_async_saves_stage_cuda_tensors_into_pinned_host_buffers(device_type, pinned):
+    from smelt.checkpoint.saver import staging_options
+
+    options = staging_options(device_type)
+    assert options.use_pinned_memory is pinned and options.use_non_blocking_copy is pinned
+    assert options.use_async_staging and not options.use_shared_memory

@@ -65,6 +65,15 @@ class _Pending:
     done: Future
 
 
+def staging_options(device_type: str) -> StagingOptions:
+    """How an async save copies tensors to the host: CUDA tensors into pinned buffers with
+    non-blocking copies (the copy overlaps the next step's kernels), others by plain copies."""
+    cuda = device_type == "cuda"
+    return StagingOptions(
+        use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True, use_non_blocking_copy=cuda
+    )
+
+
 class Checkpointer:
     """Saves for one run directory; every rank makes one and calls save/poll/wait in the same order."""
 
@@ -152,13 +161,7 @@ class Checkpointer:
 
     def _stager(self, model: torch.nn.Module) -> DefaultStager:
         if self.stager is None:
-            cuda = next(model.parameters()).device.type == "cuda"
-            self.stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=True,
-                    use_non_blocking_copy=cuda,
-                )
-            )  # fmt: skip
+            self.stager = DefaultStager(staging_options(next(model.parameters()).device.type))
         return self.stager
 
     def before_update(self) -> None:

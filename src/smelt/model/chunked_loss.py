@@ -41,7 +41,12 @@ def chunked_lm_loss(
 
 
 def _chunk_forward(
-    h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, z_loss: float, scale: float, need_grad: bool
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    t: torch.Tensor,
+    z_loss: float,
+    scale: torch.Tensor,
+    need_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(ce sum, z-loss sum, d(mean loss)/d logits in fp32 or None) of one chunk of rows."""
     logits = F.linear(h, weight)
@@ -77,7 +82,7 @@ class _ChunkedLMLoss(torch.autograd.Function):
         d = hidden.shape[-1]
         h = hidden.reshape(-1, d)
         t = targets.reshape(-1)
-        scored = float((t != IGNORE_INDEX).sum().clamp(min=1))
+        scored = (t != IGNORE_INDEX).sum().clamp(min=1).float()  # a tensor: no host sync, no graph break
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         compute_dtype = (
             torch.get_autocast_dtype(h.device.type) if torch.is_autocast_enabled(h.device.type) else None
