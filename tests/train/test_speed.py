@@ -169,3 +169,34 @@ def test_async_saves_stage_cuda_tensors_into_pinned_host_buffers(device_type, pi
     options = staging_options(device_type)
     assert options.use_pinned_memory is pinned and options.use_non_blocking_copy is pinned
     assert options.use_async_staging and not options.use_shared_memory
+
+
+@pytest.mark.slow
+def test_a_run_with_the_chunked_loss_logs_the_losses_of_the_whole_batch_run(tmp_path, monkeypatch):
+    import json
+
+    from helpers import write_token_data
+    from smelt.train.trainer import train
+
+    monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
+    tokens, tokenizer = write_token_data(tmp_path)
+    losses = {}
+    for chunk in (0, 48):  # 48 rows: 128 rows per micro batch in 3 chunks, the last one short
+        raw = {
+            "run": {"seed": 3},
+            "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
+            "train": {
+                "seq_len": 32, "micro_batch": 4, "tokens": 128 * 6, "lr": 3e-3, "log_every": 1,
+                "eval_every": 0, "eval_tokens": 256, "precision": "fp32", "loss_chunk_tokens": chunk,
+            },
+            "checkpoint": {"every_steps": 0},
+        }  # fmt: skip
+        out = tmp_path / f"run{chunk}"
+        train(config_from_dict(raw), tokens, tokenizer, out)
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        losses[chunk] = [r["loss"] for r in records if r["kind"] == "train"]
+        start = next(r for r in records if r.get("event") == "start")
+        assert start["compile"] == "train.compile = false"
+    assert len(losses[0]) == 6
+    assert losses[48] == pytest.approx(losses[0], abs=1e-5)
+    assert losses[48] != losses[0]  # the chunked path ran (its sums round differently)
