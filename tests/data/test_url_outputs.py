@@ -106,3 +106,19 @@ def test_output_url_without_its_filesystem_is_a_user_error(speeches, tmp_path):
     message = str(info.value)
     assert message.startswith("the curate URL 's3://bucket/documents' needs the fsspec filesystem for s3://")
     assert "Install its package (s3fs for s3://" in message
+
+
+def test_smelt_curate_publish_copies_the_run_documents_to_a_store(speeches, tmp_path, capsys):
+    from smelt.cli import main
+
+    config = tmp_path / "r.toml"
+    config.write_text(
+        f'[run]\nname = "r"\ndir = "{tmp_path / "runs"}"\n[data]\nmin_chars = 64\nworkers = 1\n'
+        f'[[data.sources]]\nname = "speeches"\nroot = "{speeches}"\ninclude = ["*.txt"]\n'
+    )
+    url = f"memory://smelt-cli-{tmp_path.name}/documents"
+    assert main(["curate", str(config), "--publish", url]) == 0
+    documents = tmp_path / "runs" / "r" / "documents"
+    assert _store_tree(url) == _tree(documents)  # the stage's manifest.json included
+    assert main(["curate", str(config), "--publish", url]) == 0  # up to date, and so is the store
+    assert f"curate: {url} holds these {len(_tree(documents))} files already" in capsys.readouterr().err

@@ -64,3 +64,39 @@ def test_tokenize_with_a_killed_encoding_worker_is_byte_identical(
     assert marker.exists()  # an encoding worker did die mid-batch
     assert _tree(tmp_path / "killed") == _tree(tmp_path / "clean")  # no document lost or repeated
     assert killed["documents"] == clean["documents"] and killed["tokens"] == clean["tokens"]
+
+
+@pytest.mark.slow
+def test_smelt_tokenize_publish_sends_the_run_tokens_with_the_manifests_last(tmp_path, monkeypatch):
+    from smelt.cli import main
+
+    config = tmp_path / "r.toml"
+    config.write_text(f'[run]\nname = "r"\ndir = "{tmp_path / "runs"}"\n')
+    tokens = tmp_path / "runs" / "r" / "tokens"
+    files = ["manifest.json", "meta.json", "shards.json", "stats.json", "train/a/00000.bin"]
+    files += ["train/a/00000.done", "train/a/00000.idx", "train/a/00001.bin", "train/a/00001.idx"]
+    for rel in files:
+        (tokens / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tokens / rel).write_text(rel)
+    # the stage itself is tested elsewhere: here it is up to date
+    monkeypatch.setattr("smelt.pipeline_commands.run_stage_command", lambda *args, **kw: 0)
+    memory = type(fsspec.filesystem("memory"))
+    put_file = memory.put_file
+    uploads: list[str] = []
+    monkeypatch.setattr(
+        memory, "put_file", lambda fs, src, dst, **kw: uploads.append(dst) or put_file(fs, src, dst, **kw)
+    )
+    url = f"memory://smelt-cli-{tmp_path.name}/tokens"
+    assert main(["tokenize", str(config), "--publish", url]) == 0
+    root = fsspec.filesystem("memory")._strip_protocol(url)
+    assert [u.removeprefix(root + "/") for u in uploads] == [
+        "meta.json",
+        "train/a/00000.bin",
+        "train/a/00000.idx",
+        "train/a/00001.bin",
+        "train/a/00001.idx",
+        "train/a/00000.done",
+        "stats.json",
+        "shards.json",
+        "manifest.json",
+    ]

@@ -19,6 +19,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_args(p)
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
+    p.add_argument(
+        "--publish",
+        metavar="URL",
+        default=None,
+        help="then copy the documents directory to URL (s3://, gs://, ... through fsspec; "
+        "a rerun uploads only what changed)",
+    )
     p.set_defaults(func=_curate)
 
 
@@ -65,7 +72,17 @@ def _curate(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.workers is not None:
         overrides.append(f"data.workers={args.workers}")
-    return run_stage_command("curate", args.config, overrides, args.force)
+    code = run_stage_command("curate", args.config, overrides, args.force)
+    if code == 0 and args.publish:
+        from smelt.config import load_config
+        from smelt.data.curate import OWNED_OUTPUTS
+        from smelt.data.urls import publish
+        from smelt.layout import stage_dir
+        from smelt.manifest import MANIFEST
+
+        documents = stage_dir(load_config(args.config, overrides).run_dir, "curate")
+        publish(documents, args.publish, "curate", OWNED_OUTPUTS, last=("stats.json", MANIFEST))
+    return code
 
 
 def _quality_train(args: argparse.Namespace) -> int:

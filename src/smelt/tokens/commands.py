@@ -16,6 +16,13 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_args(p)
     p.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
+    p.add_argument(
+        "--publish",
+        metavar="URL",
+        default=None,
+        help="then copy the tokens directory to URL (s3://, gs://, ... through fsspec; "
+        "a rerun uploads only what changed)",
+    )
     p.set_defaults(func=_tokenize)
 
 
@@ -58,7 +65,18 @@ def _tokenize(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.workers is not None:
         overrides.append(f"tokens.workers={args.workers}")
-    return run_stage_command("tokenize", args.config, overrides, args.force)
+    code = run_stage_command("tokenize", args.config, overrides, args.force)
+    if code == 0 and args.publish:
+        from smelt.config import load_config
+        from smelt.data.urls import publish
+        from smelt.layout import stage_dir
+        from smelt.manifest import MANIFEST
+        from smelt.tokens.shards import SHARDS_JSON, STATS_JSON
+
+        tokens = stage_dir(load_config(args.config, overrides).run_dir, "tokenize")
+        splits = [p.name for p in tokens.iterdir() if p.is_dir()]
+        publish(tokens, args.publish, "tokenize", splits, last=(STATS_JSON, SHARDS_JSON, MANIFEST))
+    return code
 
 
 def _inspect_shards(args: argparse.Namespace) -> int:
