@@ -108,8 +108,10 @@ def test_output_url_without_its_filesystem_is_a_user_error(speeches, tmp_path):
     assert "Install its package (s3fs for s3://" in message
 
 
-def test_smelt_curate_publish_copies_the_run_documents_to_a_store(speeches, tmp_path, capsys):
+def test_smelt_curate_publish_copies_the_run_documents_to_a_store(speeches, tmp_path, capsys, monkeypatch):
     from smelt.cli import main
+
+    monkeypatch.setenv("SMELT_QUIET", "0")  # the log lines are under test
 
     config = tmp_path / "r.toml"
     config.write_text(
