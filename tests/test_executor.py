@@ -182,3 +182,15 @@ def test_pool_curate_with_a_killed_worker_is_byte_identical(shared_data, tmp_pat
     assert killed["documents_in"] == killed["documents_kept"] + sum(killed["dropped"].values()) + sum(
         killed["quarantined"].values()
     )
+
+
+@pytest.mark.slow
+def test_pool_futures_honour_a_timeout():
+    import time
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    with make_executor("pool", 2) as pool:
+        future = pool.submit(time.sleep, 0.3)
+        with pytest.raises(FutureTimeout):
+            future.result(timeout=0.01)
+        assert future.result() is None and future.exception(timeout=0) is None

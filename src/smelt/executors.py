@@ -32,6 +32,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -147,12 +148,12 @@ class _PoolTask(Future):
         self.attempt: Future | None = None
 
     def result(self, timeout: float | None = None) -> Any:
-        self.pool.wait_until(self.done)
-        return super().result(timeout)
+        self.pool.wait_until(self.done, timeout)
+        return super().result(0 if timeout is not None else None)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self.pool.wait_until(self.done)
-        return super().exception(timeout)
+        self.pool.wait_until(self.done, timeout)
+        return super().exception(0 if timeout is not None else None)
 
     def cancel(self) -> bool:
         if self.attempt is not None:
@@ -242,13 +243,18 @@ class ProcessPool(TaskExecutor):
         with self._changed:
             self._changed.notify_all()
 
-    def wait_until(self, ready: Callable[[], bool]) -> None:
-        """Block until `ready()`; start a fresh pool for the tasks of a broken one meanwhile (in the
-        calling thread, so that no process is forked from the pool's management thread)."""
+    def wait_until(self, ready: Callable[[], bool], timeout: float | None = None) -> None:
+        """Block until `ready()` (or `timeout` seconds: the future's result() then raises TimeoutError);
+        start a fresh pool for the tasks of a broken one meanwhile (in the calling thread, so that no
+        process is forked from the pool's management thread)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._changed:
                 while not ready() and not self._broken:
-                    self._changed.wait()
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return
+                    self._changed.wait(left)
                 if ready():
                     return
             self._restart()
