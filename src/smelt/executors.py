@@ -116,13 +116,13 @@ class WorkerDied(BrokenProcessPool):
     """A pool task whose worker process died more often than the retries allow."""
 
 
+_POOL_WORKER: dict[str, str] = {}  # in a pool worker: "starts", the directory of running-task files
+
+
 def _pool_worker_init(starts: str, initializer: Callable[..., None] | None, initargs: tuple) -> None:
     _POOL_WORKER["starts"] = starts
     if initializer is not None:
         initializer(*initargs)
-
-
-_POOL_WORKER: dict[str, str] = {}
 
 
 def _pool_call(number: int, fn: Callable[..., Any], *args: Any) -> Any:
