@@ -258,3 +258,14 @@ def test_the_pipeline_summary_prints_goodput_and_the_interval_hint():
         "every 250 steps is near the Young-Daly interval of 240"
     )
     assert goodput_rows(None) == []
+
+
+def test_the_end_of_a_run_prints_the_interval_hint(monkeypatch):
+    said = []
+    monkeypatch.setattr(goodput_module, "say", said.append)
+    goodput_module.say_interval_hint(
+        {"checkpoint_interval": interval_advice(2.0, 0.5, 1.0, every_steps=1000)}
+    )
+    goodput_module.say_interval_hint({"checkpoint_interval": interval_advice(2.0, 0.5, 1.0, every_steps=250)})
+    goodput_module.say_interval_hint(None)
+    assert len(said) == 1 and said[0].startswith("hint: checkpoint.every_steps = 1000 is far from")

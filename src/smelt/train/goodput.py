@@ -315,3 +315,10 @@ def run_goodput(train_dir: Path, mtbf_hours: float, every_steps: int) -> dict[st
         return None
     advice = interval_advice(figures["save_cost_s"], figures["step_time_p50_s"], mtbf_hours, every_steps)
     return {**figures, "checkpoint_interval": advice}
+
+
+def say_interval_hint(figures: dict[str, Any] | None) -> None:
+    """Print the checkpoint-interval hint at the end of a run, when there is one (rank 0)."""
+    hint = ((figures or {}).get("checkpoint_interval") or {}).get("hint")
+    if hint:
+        say(f"hint: {hint}")

@@ -13,7 +13,7 @@ from smelt.config import hash_json
 from smelt.manifest import write_json
 from smelt.model.flops import mfu
 from smelt.progress import log, progress
-from smelt.train.goodput import run_goodput
+from smelt.train.goodput import run_goodput, say_interval_hint
 from smelt.train.setup import last_logged_loss, write_run_manifest
 from smelt.train.watchdog import Watchdog
 
@@ -135,4 +135,5 @@ def summary(t: Any) -> dict[str, Any]:
     }
     if t.ctx.is_main:
         write_json(t.out_dir / "summary.json", summary)
+        say_interval_hint(summary["goodput"])
     return summary
