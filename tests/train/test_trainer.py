@@ -236,7 +236,8 @@ def test_z_loss_is_optimized_but_the_logged_loss_is_cross_entropy(data, tmp_path
     assert last[0]["loss"] != last[1]["loss"]  # the z term changed the updates
 
 
-TIMING = ("tokens_per_s", "mfu", "loader_wait_s", "loader_wait_share", "elapsed_s", "memory_mb")
+TIMING = ("tokens_per_s", "mfu", "mfu_model", "loader_wait_s", "loader_wait_share", "elapsed_s", "memory_mb",
+          "time", "step_time_s", "checkpoint_wait_s", "step_time_p50_s", "step_time_p99_s")  # fmt: skip
 
 
 def train_figures(records: list[dict], after: int) -> list[dict]:
