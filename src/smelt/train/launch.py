@@ -85,7 +85,7 @@ def placement_lines(layout: MeshLayout, spans: dict[str, int], cluster: Cluster)
             f"crosses the network. Keep train.tensor_parallel <= {cluster.gpus_per_node} (one node)."
         )
     if not lines:
-        lines.append(f"one process: no mesh (launch {cluster.world_size} with train.data_parallel = 0)")
+        lines.append("one process: no mesh to lay out")
     return lines
 
 
