@@ -91,6 +91,8 @@ def test_goodput_splits_the_wall_time_across_a_crash_and_its_resume(tmp_path):
         {"kind": "event", "event": "end", "step": 8, "wall_time_s": 50.0},
     ]  # fmt: skip
     moved = [
+        {"kind": "event", "event": "superseded", "resumed_at_step": 2, "records": 1},
+        _train(3, 500.0, 520.0, 10.0),  # set aside by a history before a fresh start: not this run's
         {"kind": "event", "event": "superseded", "resumed_at_step": 4, "records": 1},
         _train(6, first, 1060.0, 10.0),
     ]
@@ -106,6 +108,18 @@ def test_goodput_splits_the_wall_time_across_a_crash_and_its_resume(tmp_path):
     assert figures["other_s"] == pytest.approx(150.0 - 39.0 - 10.0 - 40.0 - 6.0 - 3.0)
     assert figures["goodput"] == pytest.approx(39.0 / 150.0)
     assert figures["save_cost_s"] == pytest.approx(3.0) and figures["step_time_p50_s"] == pytest.approx(5.0)
+
+
+def test_a_process_that_only_finishes_is_a_restart_closed_by_its_end_record(tmp_path):
+    # Killed after its final save (step 8) but before its end record; "auto" finds the final
+    # checkpoint, and a second process (start 1100) only writes the end (at 1110).
+    _write(tmp_path / "metrics.jsonl", [
+        _train(4, 1000.0, 1040.0, 30.0), _train(8, 1000.0, 1080.0, 30.0),
+        {"kind": "event", "event": "end", "step": 8, "wall_time_s": 10.0, "time": 1110.0},
+    ])  # fmt: skip
+    figures = goodput(tmp_path)
+    assert figures["restarts"] == 1 and figures["restart_downtime_s"] == pytest.approx(20.0)
+    assert figures["wall_s"] == pytest.approx(110.0) and figures["productive_s"] == pytest.approx(60.0)
 
 
 def test_goodput_is_none_without_timed_records(tmp_path):

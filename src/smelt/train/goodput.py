@@ -174,19 +174,35 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def _attempts(records: Iterable[dict[str, Any]]) -> list[list[float]]:
-    """[process start, last Unix time seen] per process that logged a timed train record, in order."""
+    """[process start, last Unix time seen] per process that logged a timed train record or end
+    event, in order."""
     spans: list[list[float]] = []
     for record in records:
-        if record.get("kind") != "train" or not isinstance(record.get("time"), (int, float)):
+        if not _finite(record.get("time")):
+            continue
+        if record.get("kind") == "train":
+            since_start = record.get("elapsed_s")
+        elif record.get("event") == "end":
+            since_start = record.get("wall_time_s")
+        else:
             continue
         now = float(record["time"])
-        start = now - float(record.get("elapsed_s") or 0.0)
+        start = now - float(since_start or 0.0)
         span = next((s for s in spans if abs(s[0] - start) < 0.01), None)
         if span is None:
             spans.append([start, now])
         else:
             span[1] = max(span[1], now)
     return sorted(spans)
+
+
+def _after(record: dict[str, Any], start: float) -> bool:
+    """Whether a set-aside record was written by a process that started at or after `start` (records
+    without a clock, such as the `superseded` headers, are kept)."""
+    if not _finite(record.get("time")):
+        return True
+    since_start = record.get("elapsed_s") if record.get("kind") == "train" else record.get("wall_time_s")
+    return float(record["time"]) - float(since_start or 0.0) >= start - 0.01
 
 
 def _own_step_s(record: dict[str, Any]) -> float:
@@ -215,12 +231,15 @@ def goodput(train_dir: Path) -> dict[str, Any] | None:
     """
     train_dir = Path(train_dir)
     kept = read_records(train_dir / "metrics.jsonl")
-    moved = read_records(train_dir / SUPERSEDED_METRICS)
-    spans = _attempts([*kept, *moved])
-    if not spans:
+    kept_spans = _attempts(kept)
+    if not kept_spans:
         return None
-    ends = [r for r in kept if r.get("event") == "end" and isinstance(r.get("wall_time_s"), (int, float))]
-    if ends:  # the end record closes the last process: its final evaluation and save come after its last step
+    # metrics.superseded.jsonl outlives a fresh start over an old metrics.jsonl (moved to .N): only
+    # what this history's processes set aside counts (its first process always keeps its first record).
+    moved = [r for r in read_records(train_dir / SUPERSEDED_METRICS) if _after(r, kept_spans[0][0])]
+    spans = _attempts([*kept, *moved])
+    ends = [r for r in kept if r.get("event") == "end" and _finite(r.get("wall_time_s"))]
+    if ends and not _finite(ends[-1].get("time")):  # an end without a clock closes the last process
         spans[-1][1] = max(spans[-1][1], spans[-1][0] + float(ends[-1]["wall_time_s"]))
     wall = spans[-1][1] - spans[0][0]
     downtime = sum(max(0.0, nxt[0] - prev[1]) for prev, nxt in zip(spans, spans[1:], strict=False))

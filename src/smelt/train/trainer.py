@@ -475,7 +475,7 @@ class Trainer:
         self.write_all(self.checkpointer.close())
         self.final = self.checkpoints_dir / step_dir_name(plan.steps)
         self.metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
-                            "status": "ok", "wall_time_s": time.time() - self.started,
+                            "status": "ok", "wall_time_s": time.time() - self.started, "time": time.time(),
                             "skipped_steps": self.alerts.skipped_total, "rollbacks": self.alerts.rollbacks,
                             "eval_s": round(budget.eval_s, 3), "evals": budget.runs,
                             "evals_skipped": budget.skipped})  # fmt: skip
