@@ -121,9 +121,9 @@ def test_the_training_forward_sets_the_loss_chunks_and_the_compile_decision():
     assert t.compile_note.startswith("train.compile = auto: off")
 
 
-@pytest.mark.parametrize(("device", "kernel"), [("cpu", "foreach"), ("cuda", "fused")])
-def test_adamw_runs_the_multi_tensor_kernel_on_cpu_and_the_fused_one_on_cuda(device, kernel):
-    """The CUDA branch's choice is checked on CPU tensors (PyTorch's fused AdamW runs on CPU too)."""
+@pytest.mark.parametrize(("device", "kernel"), [("cpu", "fused"), ("cuda", "fused"), ("mps", "foreach")])
+def test_adamw_runs_the_fused_kernel_on_cpu_and_cuda(device, kernel):
+    """Each device's choice is checked on CPU tensors (the fused and foreach kernels both run there)."""
     model = build_model(tiny_model_config())
     optimizer = build_optimizer(model, config_from_dict({}).train, torch.device(device))
     group = optimizer.param_groups[0]

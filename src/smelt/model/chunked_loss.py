@@ -61,7 +61,7 @@ def _chunk_forward(
     if not need_grad:
         return ce_sum, z_sum, None
     # d/dlogits of (ce + z_loss lse^2) per row: softmax - onehot + 2 z_loss lse softmax, over scored rows.
-    grad = torch.softmax(flat, dim=-1)
+    grad = (flat - log_z.unsqueeze(1)).exp_()  # the softmax, from the log-sum-exp already taken
     if z_loss:
         grad.mul_((1.0 + 2.0 * z_loss * log_z).unsqueeze(1))
     grad.scatter_add_(1, safe_t.unsqueeze(1), -torch.ones_like(target_logit).unsqueeze(1))
