@@ -99,12 +99,16 @@ def test_pp2_1f1b_matches_one_process_and_checkpoints_change_layout(single, data
 
 
 @pytest.mark.slow  # two training processes (gloo)
-@pytest.mark.parametrize("schedule", ["interleaved_1f1b", "gpipe"])
-def test_pp2_other_schedules_match_one_process(single, data, tmp_path, schedule):  # noqa: F811
+@pytest.mark.parametrize(("schedule", "recompute"), [("interleaved_1f1b", False), ("gpipe", True)])
+def test_pp2_other_schedules_match_one_process(single, data, tmp_path, schedule, recompute):  # noqa: F811
+    """Interleaved 1F1B: two stages of one layer per process. GPipe with activation checkpointing in
+    the stages (the recomputed forward gives the same gradients)."""
     tokens, tokenizer = data
     single_out, reference = single
     out = tmp_path / schedule
-    lines = run_processes(2, raw_config(pipeline_parallel=2, schedule=schedule), tokens, tokenizer, out)
+    raw = raw_config(pipeline_parallel=2, schedule=schedule)
+    raw["model"]["activation_checkpointing"] = recompute
+    lines = run_processes(2, raw, tokens, tokenizer, out)
     assert len(losses(lines)) == STEPS
     assert_same_losses(reference, losses(lines))
     assert_same_weights(final_checkpoint(single_out), final_checkpoint(out))
