@@ -225,7 +225,7 @@ train(config_from_dict(json.loads(Path(config_path).read_text())), tokens, token
 
 
 @pytest.mark.slow
-def test_two_process_training_names_the_rank_whose_loader_sleeps(tmp_path):
+def test_two_process_training_names_the_rank_whose_loader_sleeps(tmp_path, capsys):
     tokens, tokenizer = write_token_data(tmp_path)
     cfg = _config(tmp_path, micro_batch=2, log_every=4, straggler_ratio=1.5)
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
@@ -253,6 +253,16 @@ def test_two_process_training_names_the_rank_whose_loader_sleeps(tmp_path):
 
     html = throughput_section(load_run(tmp_path))
     assert f"{len(stragglers)} straggler alert(s), ranks [1]" in html and "rank 1 own time p50" in html
+    # The same run (RUN = tmp_path) passes the restore drill, replayed on one process within a tolerance.
+    from smelt.cli import main
+
+    assert main(["checkpoint", "drill", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step_0000004 (step 4); replayed steps 5-8" in out
+    assert (
+        "within a relative tolerance of 0.0001 (the run trained on 2 processes, the drill replays on one)"
+        in out
+    )
 
 
 def test_the_pipeline_summary_prints_goodput_and_the_interval_hint():
