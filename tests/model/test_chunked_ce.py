@@ -81,3 +81,20 @@ def test_chunk_rows_below_one_is_refused():
     hidden, weight, targets = _inputs()
     with pytest.raises(ValueError, match="chunk_rows"):
         chunked_lm_loss(hidden, weight, targets, chunk_rows=0)
+
+
+def test_under_bf16_autocast_the_head_runs_in_bf16_and_the_loss_in_fp32():
+    hidden, weight, targets = _inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        whole = lm_loss(F.linear(hidden, weight), targets)["loss"]
+        chunked = chunked_lm_loss(hidden, weight, targets, chunk_rows=16)["loss"]
+    assert whole.dtype == chunked.dtype == torch.float32
+    # The same bf16 logits summed in fp32 in another order: equal to fp32 rounding, not to bf16's.
+    assert chunked.item() == pytest.approx(whole.item(), abs=1e-5)
+    for got, want in zip(
+        torch.autograd.grad(chunked, (hidden, weight)),
+        torch.autograd.grad(whole, (hidden, weight)),
+        strict=True,
+    ):
+        assert got.dtype == want.dtype == torch.float32
+        assert (got - want).abs().max().item() <= 1e-2 * want.abs().max().item()
