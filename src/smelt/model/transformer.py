@@ -367,10 +367,12 @@ class Transformer(nn.Module):
         return logits, (parts if loss_parts else parts["loss"])
 
     def _chunks_loss(self, reduction: str) -> bool:
-        """The chunked loss serves a mean loss under autograd with a whole (not tensor-parallel) head."""
+        """The chunked loss serves a mean loss in training, under autograd, with a whole (not
+        tensor-parallel) head; everything else gets the logits."""
         return (
             self.loss_chunk_rows > 0
             and reduction == "mean"
+            and self.training
             and torch.is_grad_enabled()
             and not hasattr(self.lm_head.weight, "to_local")
         )
