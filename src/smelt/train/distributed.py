@@ -160,11 +160,13 @@ def grad_sync(model: nn.Module, mode: str, sync: bool) -> Iterator[None]:
     if sync or not dist.is_initialized():
         yield
         return
-    if mode == "ddp" and hasattr(model, "no_sync"):
+    # By what the wrapper offers, not by train.parallel: under tensor parallelism "ddp" data parallelism
+    # is FSDP2 replicating over its ranks (tensor_parallel.py), whose switch is set_requires_gradient_sync.
+    if hasattr(model, "no_sync"):
         with model.no_sync():
             yield
         return
-    if mode == "fsdp" and hasattr(model, "set_requires_gradient_sync"):
+    if hasattr(model, "set_requires_gradient_sync"):
         model.set_requires_gradient_sync(False)
         try:
             yield
