@@ -67,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def packed_rows(batch: int, seq: int, doc_mean: int, vocab: int, device: torch.device, seed: int) -> dict:
     """Inputs, targets, doc_ids and restarted positions of rows packed with documents of random length."""
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.distributions.Exponential(1.0 / doc_mean).sample((batch, seq)).clamp(min=8)
+    uniform = torch.rand((batch, seq), generator=gen, dtype=torch.float64)
+    lengths = (-doc_mean * torch.log1p(-uniform)).clamp(min=8)  # exponential, mean about doc_mean
     ends = lengths.cumsum(dim=1)
     doc_ids = torch.searchsorted(ends, torch.arange(seq, dtype=ends.dtype).expand(batch, seq).contiguous())
     tokens = torch.randint(0, vocab, (batch, seq + 1), generator=gen)
