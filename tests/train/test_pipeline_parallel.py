@@ -125,6 +125,7 @@ def test_pp2_x_fsdp2_on_four_processes_matches_one(single, data, tmp_path):  # n
     assert len(losses(lines)) == STEPS
     assert_same_losses(reference, losses(lines))
     assert_same_weights(final_checkpoint(single_out), final_checkpoint(out))
+    assert final_val_loss(lines) == pytest.approx(final_val_loss(read_metrics(single_out)), rel=1e-5)
     # The checkpoint of stages sharded over data-parallel ranks resumes in one process.
     one = tmp_path / "pp2-fsdp2-to-1"
     train(config_from_dict(raw_config()), tokens, tokenizer, one, resume=middle(out))

@@ -169,6 +169,7 @@ class PipelineSplit:
     stages: int  # in all, over the pp ranks
     pp: int
     pp_group: Any
+    owned: list[int]  # this rank's stages, in order (stage s lives on pp rank s mod pp)
 
     def grad_norm(self, params: Sequence[nn.Parameter]) -> torch.Tensor:
         """The L2 norm of every stage's gradients together, in fp32, the same on every rank.
@@ -213,7 +214,8 @@ def split_model(model: nn.Module, mesh: TrainMesh, schedule: str) -> list[StageM
         model.tok_emb = NotOnThisStage()
     if stages - 1 not in owned:
         model.norm, model.lm_head = NotOnThisStage(), NotOnThisStage()
-    object.__setattr__(model, "pipeline_split", PipelineSplit(stages, pp, mesh.pp_mesh().get_group()))
+    split = PipelineSplit(stages, pp, mesh.pp_mesh().get_group(), owned)
+    object.__setattr__(model, "pipeline_split", split)  # a plain attribute: not a submodule, no FQNs
     return chunks
 
 
@@ -241,9 +243,7 @@ class PipelineModel(nn.Module):
         self.schedule_name, self.device = schedule, device
         self.loss_context, self.tp = mesh.loss_context, mesh.layout.tp  # TP: loss_parallel, sequence shards
         self.z_loss = float(model.cfg.z_loss)  # type: ignore[union-attr]
-        pp, rank = mesh.layout.pp, mesh.layout.coordinates(mesh.rank)["pp"]
-        owned = [s for s in range(self.split.stages) if s % pp == rank]
-        self.owned = owned
+        owned = self.owned = self.split.owned
         self.stages = [
             PipelineStage(chunk, s, self.split.stages, device, group=self.split.pp_group)
             for chunk, s in zip(chunks, owned, strict=True)
