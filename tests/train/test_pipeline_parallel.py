@@ -190,6 +190,9 @@ def test_layout_puts_pp_outermost_with_fsdp_inside():
         ({"monitor_every": 5}, ["train.monitor_every"]),
         ({"eval_every_steps": 10}, ["eval.every_steps", "smelt eval RUN"]),
         ({"model": {"moe_experts": 4}}, ["model.moe_experts"]),
+        ({"micro_batch": 8}, ["'1f1b' schedule needs at least 2 micro batches per step", "= 1; lower"]),
+        ({"schedule": "interleaved_1f1b", "batch_tokens": 320, "micro_batch": 1, "seq_len": 64},
+         ["rounds of 2, but a step has 5", "a multiple of 2"]),
     ],
 )  # fmt: skip
 def test_pipeline_layouts_that_cannot_be_built_name_the_keys(overrides, names):

@@ -107,16 +107,16 @@ def layout_for(cfg: Config, world_size: int) -> MeshLayout:
         )
     dp = world_size // inner
     check_tensor_parallel(cfg)
-    check_pipeline_parallel(cfg)
+    check_pipeline_parallel(cfg, dp)
     check_context_parallel(cfg)
     if tc.parallel == "fsdp":
         return MeshLayout(dp_shard=dp, tp=tp, pp=pp, cp=cp)
     return MeshLayout(dp_replicate=dp, tp=tp, pp=pp, cp=cp)
 
 
-def check_pipeline_parallel(cfg: Config) -> None:
+def check_pipeline_parallel(cfg: Config, dp: int = 1) -> None:
     """ConfigError unless the model's layers split into train.pipeline_parallel stages that smelt can run
-    (pipeline_parallel.py); every reason is named with its key and the fix."""
+    (pipeline_parallel.py) with `dp` data-parallel ranks; every reason is named with its key and the fix."""
     pp, m, tc = cfg.train.pipeline_parallel, cfg.model, cfg.train
     if pp == 1:
         return
@@ -151,6 +151,21 @@ def check_pipeline_parallel(cfg: Config) -> None:
         problems.append(
             "in-loop task scores (eval.every_steps) are not built for it (generation needs every layer on "
             "one process); set eval.every_steps = 0 and score the checkpoints with `smelt eval RUN`"
+        )
+    from smelt.train.batching import batch_plan
+
+    micro = batch_plan(tc, dp).grad_accum  # per data-parallel rank (in the smallest step of a ramp)
+    if tc.pipeline_schedule == "1f1b" and micro < stages:
+        problems.append(
+            f"the '1f1b' schedule needs at least {stages} micro batches per step, but "
+            f"train.batch_tokens / (seq_len x micro_batch x {dp} data-parallel ranks) = {micro}; lower "
+            f"train.micro_batch, raise train.batch_tokens, or set train.pipeline_schedule = 'gpipe'"
+        )
+    if tc.pipeline_schedule == "interleaved_1f1b" and micro % max(1, micro // pp):
+        problems.append(
+            f"the 'interleaved_1f1b' schedule runs the micro batches in rounds of {pp}, but a step has "
+            f"{micro}; make the micro batches per step (train.batch_tokens / (seq_len x micro_batch x "
+            f"{dp} data-parallel ranks)) a multiple of {pp}"
         )
     if problems:
         raise ConfigError(f"train.pipeline_parallel = {pp} cannot be used: {'; '.join(problems)}.")

@@ -259,14 +259,6 @@ class PipelineModel(nn.Module):
         if n_micro not in self._schedules:
             from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-            if self.schedule_name == "1f1b" and n_micro < self.split.stages:
-                from smelt.errors import ConfigError
-
-                raise ConfigError(
-                    f"train.pipeline_schedule = '1f1b' needs at least as many micro batches per step as "
-                    f"stages ({self.split.stages}), but this step has {n_micro}. Lower train.micro_batch "
-                    f"(more micro batches per step), raise train.batch_tokens, or use 'gpipe'."
-                )
             if self.schedule_name == "interleaved_1f1b":
                 self._schedules[n_micro] = ScheduleInterleaved1F1B(
                     self.stages, n_micro, loss_fn=self._loss, scale_grads=False
