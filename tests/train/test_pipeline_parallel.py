@@ -152,6 +152,28 @@ def test_pp2_x_tp2_on_four_processes_matches_one(single, data, tmp_path):  # noq
     assert_same_losses(reference, losses(read_metrics(one)))
 
 
+@pytest.mark.slow  # one process and two (gloo)
+def test_pp2_under_a_batch_ramp_matches_one_process(data, tmp_path):  # noqa: F811
+    """Steps of 2 and then 4 micro batches: each count runs its own schedule over the same stages."""
+    tokens, tokenizer = data
+    ramp = {"batch_ramp_start": 128, "batch_ramp_tokens": 512}
+    raw = raw_config()
+    raw["train"].update(ramp)
+    train(config_from_dict(raw), tokens, tokenizer, tmp_path / "single")
+    reference = losses(read_metrics(tmp_path / "single"))
+    raw = raw_config(pipeline_parallel=2)
+    raw["train"].update(ramp)
+    lines = run_processes(2, raw, tokens, tokenizer, tmp_path / "pp2")
+    assert {r["batch_tokens"] for r in lines if r["kind"] == "train"} == {128, 256}
+    assert losses(lines).keys() == reference.keys()
+    assert_same_losses(reference, losses(lines))
+    steps = max(reference)
+    assert_same_weights(
+        tmp_path / "single" / "checkpoints" / f"step_{steps:07d}",
+        tmp_path / "pp2" / "checkpoints" / f"step_{steps:07d}",
+    )
+
+
 def pp_config(model: dict | None = None, eval_every_steps: int = 0, **train):
     raw = raw_config(**{k: train.pop(k) for k in ("parallel", "pipeline_parallel", "schedule") if k in train})
     raw["model"].update(model or {})
