@@ -109,7 +109,7 @@ def test_context_extension_beats_the_unextended_model_at_4x_its_training_length(
     scaled = dataclasses.replace(base, max_seq_len=EXTENDED, rope_scaling="linear", rope_factor=4.0)
     extended = Transformer(scaled, len(tok.vocab))
     extended.load_state_dict(model.state_dict())
-    train(extended, tok, EXTENDED, steps=40, batch=8, seed=2)
+    train(extended, tok, EXTENDED, steps=120, batch=8, seed=2)
     after = pk.evaluate_passkey(extended, tok, (EXTENDED,), per_cell=4)
 
     # Beyond its training length the unextended model only finds a key placed near the question.
