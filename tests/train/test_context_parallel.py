@@ -201,6 +201,7 @@ def test_cp_layouts_share_rows_within_a_cp_group():
         ({}, {"tensor_parallel": 2}, 4, ["train.tensor_parallel (2) does not compose with it"]),
         ({"moe_experts": 4}, {}, 2, ["model.moe_experts"]),
         ({}, {"compile": True}, 2, ["train.compile"]),
+        ({"attention": "flex"}, {}, 2, ["model.attention = 'flex'", "model.attention = 'auto'"]),
         ({}, {}, 3, ["train.context_parallel (2) = 2 processes per model replica, which does not divide the 3"]),
     ],
 )  # fmt: skip

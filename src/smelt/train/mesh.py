@@ -195,6 +195,11 @@ def check_context_parallel(cfg: Config) -> None:
         problems.append(
             "train.compile is not built for it (collectives inside the attention); set it to false"
         )
+    if m.attention == "flex":
+        problems.append(
+            "model.attention = 'flex' is not built for it (its gathered keys and values take the dense "
+            "masked path); set model.attention = 'auto'"
+        )
     if problems:
         raise ConfigError(f"train.context_parallel = {cp} cannot be used: {'; '.join(problems)}.")
 
