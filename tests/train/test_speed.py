@@ -56,6 +56,7 @@ def test_moe_model_flops_count_the_router_and_the_active_experts_only():
 def test_mfu_and_its_terminal_line():
     assert mfu(1e6, 100.0, 1e9) == pytest.approx(0.1)
     assert mfu(1e6, 100.0, None) is None
+    assert mfu(1e6, 100.0, 1e7) is None  # 1000% of a peak measured under load is no figure at all
     assert mfu_text({"train_mfu": 0.3125, "train_mfu_model": 0.28}) == (
         "31.2% (6N + attention), 28.0% (matmul model FLOPs)"
     )

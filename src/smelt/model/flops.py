@@ -97,8 +97,13 @@ def model_flops_per_token(cfg: ModelConfig, vocab_size: int, seq_len: int) -> fl
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float | None) -> float | None:
-    """Model FLOPs utilization: the FLOP/s the tokens imply over the peak, None when the peak is unknown."""
-    return flops_per_token * tokens_per_s / peak_flops if peak_flops else None
+    """Model FLOPs utilization: the FLOP/s the tokens imply over the peak; None when the peak is unknown,
+    or when the figure passes 100%, which no run can: the peak is then wrong (a CPU peak measured while
+    other work ran; set $SMELT_PEAK_FLOPS), and no figure is truer than an impossible one."""
+    if not peak_flops:
+        return None
+    value = flops_per_token * tokens_per_s / peak_flops
+    return value if value <= 1.0 else None
 
 
 def flops_conventions(cfg: ModelConfig, vocab_size: int, seq_len: int) -> tuple[float, float]:
