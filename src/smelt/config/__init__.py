@@ -272,7 +272,9 @@ class TrainConfig:
         help="data-parallel degree (0: every process left, world / (pipeline x context x tensor parallel))",
     )
     pipeline_parallel: int = option(
-        1, range=(1, 1024), help='pipeline-parallel degree, the "pp" mesh dimension: stages of layers (1: off)'
+        1,
+        range=(1, 1024),
+        help='pipeline-parallel degree, the "pp" mesh dimension: stages of layers (1: off)',
     )
     pipeline_schedule: str = option(
         "1f1b",
