@@ -20,13 +20,14 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from smelt.errors import ConfigError
+from smelt.train.collectives import all_reduce_sum
 
 if TYPE_CHECKING:
     from smelt.train.mesh import TrainMesh
@@ -174,13 +175,6 @@ def grad_sync(model: nn.Module, mode: str, sync: bool) -> Iterator[None]:
             model.set_requires_gradient_sync(True)
         return
     yield
-
-
-def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """Sum across the ranks of `group` (default: all) in place (identity for one process); returns it."""
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    return tensor
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:

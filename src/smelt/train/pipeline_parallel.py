@@ -50,21 +50,15 @@ from torch.utils.checkpoint import checkpoint
 from smelt.config import ModelConfig
 from smelt.model.attention import document_mask
 from smelt.model.flops import head_dim_of, resolved_d_ff
-from smelt.model.transformer import IGNORE_INDEX, lm_loss
+from smelt.model.transformer import lm_loss
+from smelt.train.collectives import all_reduce_sum
+from smelt.train.step_tokens import add_source_rows, source_sums, step_token_counts
 
 if TYPE_CHECKING:
     from smelt.train.mesh import TrainMesh
     from smelt.train.precision import Precision
 
 STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
-
-
-def all_reduce_sum(tensor: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """Sum across the ranks of `group` in place (distributed.all_reduce_sum; this module is imported by
-    distributed.wrap_model, so it does not import distributed)."""
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
-    return tensor
 
 
 def _full(parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -304,13 +298,8 @@ class PipelineModel(nn.Module):
         """step.forward_backward under pipeline parallelism: the same three results, on every rank."""
         if len({tuple(m.inputs.shape) for m in micro}) > 1:
             raise ValueError("pipeline parallelism needs the micro batches of a step to have one shape")
-        row_tokens = [(m.targets != IGNORE_INDEX).sum(dim=1) for m in micro]
-        counts = [int(rows.sum()) for rows in row_tokens]
-        total = torch.tensor(float(sum(counts)), dtype=torch.float64)
-        global_tokens = max(1, int(all_reduce_sum(total, group).item()))
-        by_source = (
-            torch.zeros((len(sources), 2), device=device, dtype=torch.float64) if len(sources) > 1 else None
-        )
+        row_tokens, counts, global_tokens = step_token_counts(micro, group)
+        by_source = source_sums(sources, device)
         targets = torch.cat([m.targets for m in micro]).to(device)
         self._loss_state = {
             "targets": targets, "counts": counts, "global_tokens": global_tokens, "world_size": world_size,
@@ -336,9 +325,7 @@ class PipelineModel(nn.Module):
             if self.has_last:
                 index = {name: i for i, name in enumerate(sources)}
                 for m, rows, tokens in zip(micro, state["rows"], row_tokens, strict=True):
-                    at = torch.tensor([index[s] for s in m.sources], device=device)
-                    by_source[:, 0].index_add_(0, at, rows)
-                    by_source[:, 1].index_add_(0, at, tokens.to(device, torch.float64))
+                    add_source_rows(by_source, index, m.sources, rows, tokens)
             by_source = all_reduce_sum(all_reduce_sum(by_source, group), pp_group)
         self._loss_state = {}
         return ce_sum, global_tokens, by_source

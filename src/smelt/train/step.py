@@ -20,10 +20,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from smelt.model.transformer import IGNORE_INDEX
-from smelt.train.distributed import all_reduce_sum, clip_grads_, global_grad_norm, grad_sync
+from smelt.train.collectives import all_reduce_sum
+from smelt.train.distributed import clip_grads_, global_grad_norm, grad_sync
 from smelt.train.pipeline_parallel import PipelineModel
 from smelt.train.precision import Precision
+from smelt.train.step_tokens import add_source_rows, source_sums, step_token_counts
 
 
 def forward_backward(
@@ -53,14 +54,9 @@ def forward_backward(
             micro, precision=precision, world_size=world_size, doc_masking=doc_masking, device=device,
             sources=sources, group=group,
         )  # fmt: skip
-    row_tokens = [(m.targets != IGNORE_INDEX).sum(dim=1) for m in micro]  # on the host: no device sync
-    counts = [int(rows.sum()) for rows in row_tokens]
-    total = torch.tensor(float(sum(counts)), dtype=torch.float64)
-    global_tokens = max(1, int(all_reduce_sum(total, group).item()))
+    row_tokens, counts, global_tokens = step_token_counts(micro, group)
     ce_sum = torch.zeros((), device=device, dtype=torch.float32)
-    by_source = (
-        torch.zeros((len(sources), 2), device=device, dtype=torch.float64) if len(sources) > 1 else None
-    )
+    by_source = source_sums(sources, device)
     index = {name: i for i, name in enumerate(sources)}
     for i, m in enumerate(micro):
         batch = m.to(device, non_blocking=True)
@@ -73,9 +69,7 @@ def forward_backward(
             if by_source is not None:
                 # Per-token losses (0 where ignored): the row sums feed the per-source figures.
                 rows = parts["ce"].detach().double().sum(dim=1)
-                rows_at = torch.tensor([index[s] for s in batch.sources], device=device)
-                by_source[:, 0].index_add_(0, rows_at, rows)
-                by_source[:, 1].index_add_(0, rows_at, row_tokens[i].to(device, torch.float64))
+                add_source_rows(by_source, index, batch.sources, rows, row_tokens[i])
                 parts = {k: v.sum() / max(counts[i], 1) for k, v in parts.items()}
             # The logged loss is the cross-entropy; the optimized one adds the z-loss when enabled.
             loss = parts["loss"] * (weight * world_size)
