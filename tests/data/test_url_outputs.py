@@ -93,11 +93,17 @@ def test_an_interrupted_publish_resumes_with_the_files_not_committed(
     assert _store_tree(url) == files
     assert (tmp_path / f"staging{PUBLISHED}").is_file()  # the commit index lives beside the staging tree
 
-    # a new run with fewer, larger parts: the store loses the parts the new run did not write
+    # a new run with fewer, larger parts: the store's output loses the parts the new run did not write,
+    # and they, with every file the new run replaced by other bytes, are moved aside, not deleted
     shutil.rmtree(staging)
     curate(_config(speeches, tmp_path / "cache", docs_per_part=1000), staging)
     publish(staging, url, "curate", ["train", "val"], last=("stats.json",))
     assert _store_tree(url) == _tree(staging) and len(_tree(staging)) < len(files)
+    (stamp,) = fsspec.filesystem("memory").ls(
+        fsspec.filesystem("memory")._strip_protocol(url) + ".superseded"
+    )
+    set_aside = _store_tree(f"memory://{stamp['name'] if isinstance(stamp, dict) else stamp}")
+    assert set_aside == {rel: data for rel, data in files.items() if _tree(staging).get(rel) != data}
 
 
 def test_output_url_without_its_filesystem_is_a_user_error(speeches, tmp_path):

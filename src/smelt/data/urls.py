@@ -31,6 +31,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -296,7 +297,9 @@ def publish(local: Path, url: str, what: str, owned: Iterable[str], last: Sequen
     `_work` directory left out); return how many files were uploaded. Order: data files, then completion
     markers (`*.done`), then the top-level files named in `last` (what says the output is complete),
     which are first removed from the store while anything else changes. Files of the store under the
-    top-level names in `owned` that `local` no longer has are removed. `what` names the output in
+    top-level names in `owned` that `local` no longer has leave the output, and so do files about to be
+    replaced by other bytes than this staging directory committed: both are moved under
+    `URL.superseded/TIMESTAMP/`, never deleted. `what` names the output in
     messages ("documents", "tokens")."""
     fs, root = _output_filesystem(url, what)
     files = sorted(
@@ -327,14 +330,25 @@ def publish(local: Path, url: str, what: str, owned: Iterable[str], last: Sequen
         return 0
     log(f"{what}: publishing {len(todo)} of {len(files)} files to {url}")
 
+    # What the store holds that this publish removes or replaces with other bytes took compute to make
+    # (another run's parts, the output of an earlier config): it is moved aside, never deleted.
+    replaced = [rel for rel in remote if rel in stale or (rel in todo and committed.get(rel) != digests[rel])]
+    aside = f"{root}.superseded/{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    if replaced:
+        log(
+            f"{what}: moving the {len(replaced)} file(s) of {url} this publish replaces or removes to {aside}"
+        )
     log_file = _published_log(index_path, url, committed)
     try:
         for rel in [*last, *stale]:  # the store's output is visibly incomplete until it is whole again
             if rel in remote:
-                fs.rm_file(f"{root}/{rel}")
+                _remove_or_set_aside(fs, root, rel, aside if rel in replaced else None)
                 _commit(log_file, rel, None)
             if rel in digests:
                 todo.add(rel)
+        for rel in replaced:
+            if rel not in last and rel not in stale:
+                _remove_or_set_aside(fs, root, rel, aside)
         made: set[str] = set()
         for rel in sorted(todo, key=lambda rel: _upload_rank(rel, last)):
             target = f"{root}/{rel}"
@@ -349,6 +363,17 @@ def publish(local: Path, url: str, what: str, owned: Iterable[str], last: Sequen
     finally:
         log_file.close()
     return len(todo)
+
+
+def _remove_or_set_aside(fs: Any, root: str, rel: str, aside: str | None) -> None:
+    """Take `rel` out of the store's output: moved under `aside` when given, else removed (bytes that
+    are already committed elsewhere, such as a manifest that is uploaded again unchanged)."""
+    if aside is None:
+        fs.rm_file(f"{root}/{rel}")
+        return
+    target = f"{aside}/{rel}"
+    fs.makedirs(fs._parent(target), exist_ok=True)
+    fs.mv(f"{root}/{rel}", target)
 
 
 def _upload_rank(rel: str, last: Sequence[str]) -> tuple:
