@@ -242,6 +242,11 @@ class TrainConfig:
         help="LM head + cross-entropy this many tokens at a time, never the whole batch's fp32 logits "
         "(0: the whole batch)",
     )
+    keep_host_memory: bool = option(
+        True,
+        help="keep freed host memory for reuse (glibc malloc settings) instead of returning it to the OS "
+        "and faulting it in again every step: a CPU run's large per-step tensors reuse the same pages",
+    )
     log_every: int = option(10, range=(1, 10**9), help="steps between train-metric lines")
     eval_every: int = option(100, range=(0, 10**9), help="steps between validation losses (0: end only)")
     eval_tokens: int = option(

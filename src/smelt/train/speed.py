@@ -1,6 +1,7 @@
 """The training forward as fast as the config lets it be: torch.compile when asked, or with
 train.compile = "auto" when the run is long enough to win back the compile time; the compiled
-artifacts cached across runs under the user cache; the chunked LM head + loss (model/chunked_loss.py).
+artifacts cached across runs under the user cache; the chunked LM head + loss (model/chunked_loss.py);
+freed host memory kept for reuse on CPU (host_memory.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from smelt.train.host_memory import host_memory_note
 
 # What one compile of a model costs and buys, by device type: the first compiled step's extra
 # seconds with an empty cache, and the compiled step's speed over the eager one. CPU: small-5m
@@ -86,9 +89,11 @@ def enable_compile_cache() -> Path:
 
 def training_forward(t: Any) -> Callable[..., Any]:
     """The forward a Trainer's steps call (compiled or not, the reason kept as t.compile_note for the
-    start record); sets the model's chunk of loss rows from train.loss_chunk_tokens. Reads the
+    start record); sets the model's chunk of loss rows from train.loss_chunk_tokens and applies
+    train.keep_host_memory (what it did kept as t.host_memory_note). Reads the
     trainer's config, model, plan, FLOPs per token and peak."""
     tc = t.tc
+    t.host_memory_note = host_memory_note(tc.keep_host_memory, t.device.type)
     t.model.loss_chunk_rows = tc.loss_chunk_tokens
     step_s = estimated_step_s(t.flops_tok, t.plan.batch_tokens, t.peak_total)
     compiled, t.compile_note = should_compile(tc.compile, t.device.type, t.plan.steps, step_s)
