@@ -2,7 +2,7 @@
 
 Usage: python bench/train_throughput.py [STEPS] [compile] [--preset small-5m] [--micro-batch 16]
            [--seq-len 256] [--precision bf16,fp32] [--loss-chunk-tokens 0,1024] [--repeats 3]
-           [--name train_throughput]
+           [--cold-cache] [--name train_throughput]
 
 Each (precision, loss chunk) setting trains `--repeats` times through smelt's Trainer on synthetic
 tokens (vocabulary 8192); a run's rate is its mean tokens/s after step 5 (the first windows include
@@ -21,6 +21,7 @@ import json
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--precision", default="bf16,fp32", help="comma-separated: bf16, fp32")
     p.add_argument("--loss-chunk-tokens", default="0", help="comma-separated train.loss_chunk_tokens values")
     p.add_argument("--repeats", type=int, default=1, help="runs per setting (min / median / max)")
+    p.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="compile into a new, empty inductor cache (the first run pays)",
+    )
     p.add_argument("--name", default="", help="result file name (default train_throughput[_compiled])")
     return p.parse_args()
 
@@ -77,13 +83,16 @@ def one_run(args: argparse.Namespace, root: Path, tokens: Path, precision: str, 
         }
     )
     out = root / f"run-{precision}-{chunk}-{i}"
+    started = time.perf_counter()
     summary = train(cfg, tokens, root / "tok", out)
+    run_s = time.perf_counter() - started
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steady = [r for r in lines if r["kind"] == "train" and r["step"] > WARMUP_STEPS]
     rate = sum(r["tokens_per_s"] for r in steady) / len(steady)
     peak = summary.get("peak_flops")
     return {
         "tokens_per_s": rate,
+        "run_s": run_s,
         "mfu": summary["flops_per_token"] * rate / peak if peak else None,
         "mfu_model": summary["model_flops_per_token"] * rate / peak if peak else None,
         "peak_flops": peak,
@@ -102,6 +111,8 @@ def spread(values: list[float], scale: float = 1.0, digits: int = 1) -> dict[str
 def main() -> None:
     args = parse_args()
     root = Path(tempfile.mkdtemp())
+    if args.cold_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
     tokens = synthetic_tokens(root)
     (root / "tok").mkdir()
     (root / "tok" / "smelt.json").write_text(json.dumps({"vocab_size": VOCAB}))
@@ -112,6 +123,7 @@ def main() -> None:
         "batch_tokens": args.micro_batch * args.seq_len,
         "seq_len": args.seq_len,
         "repeats": args.repeats,
+        "cold_cache": args.cold_cache,
         "load_average_before": [round(x, 2) for x in os.getloadavg()],
         "mfu_conventions": "mfu: 6N + 12 L d s, N = non-embedding parameters + the LM head (PaLM); "
         "mfu_model: matmul FLOPs, causal attention at (s + 1) / 2 keys",
@@ -124,6 +136,9 @@ def main() -> None:
             rates = [r["tokens_per_s"] for r in runs]
             medians[key] = statistics.median(rates)
             figures[f"{key}_tokens_per_s"] = spread(rates)
+            # Whole train() calls: set-up, every step, validation; compiled, the first run includes
+            # the compile (with the inductor cache as this machine has it: see --cold-cache).
+            figures[f"{key}_run_s"] = [round(r["run_s"], 1) for r in runs]
             if runs[0]["peak_flops"]:
                 figures[f"{key}_mfu_pct"] = spread([r["mfu"] for r in runs], 100, 2)
                 figures[f"{key}_mfu_model_pct"] = spread([r["mfu_model"] for r in runs], 100, 2)

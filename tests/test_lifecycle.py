@@ -182,6 +182,14 @@ def test_neutral_keys_are_left_out_of_the_cache_key():
     assert changed_keys(old, {**new, "train": {**new["train"], "lr": 0.001}}) == ["train.lr: 0.003 -> 0.001"]
 
 
+def test_speed_settings_change_no_plan():
+    """An existing run is not stopped for switching compile or host-memory reuse (the default of
+    train.compile moved from false to auto): the data order, schedule and model stay the same."""
+    old = {"train": {"lr": 0.003, "compile": False}}
+    new = {"train": {"lr": 0.003, "compile": "auto", "keep_host_memory": True}}
+    assert changed_keys(old, new) == []
+
+
 @pytest.mark.slow
 def test_anneal_forks_beat_the_stable_checkpoint_and_are_compared(root, capsys):
     assert main(["train", *_args(root)]) == 0

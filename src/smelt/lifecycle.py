@@ -46,6 +46,10 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
             "grad_alert_factor",
             "threads",
             "straggler_ratio",
+            "keep_host_memory",
+            # Compiled kernels round differently from eager ones (as other thread counts may), but the
+            # plan (data order, schedule, model) is the same, so switching it stops nothing.
+            "compile",
         }
     ),  # fmt: skip
     "checkpoint": frozenset(

@@ -58,7 +58,8 @@ def test_the_training_forward_applies_the_setting():
     model = build_model(tiny_model_config())
     cfg = config_from_dict({"train": {"keep_host_memory": False}})
     t = SimpleNamespace(
-        tc=cfg.train, model=model, wrapped=model, flops_tok=1e6, peak_total=1e12,
+        cfg=cfg, tc=cfg.train, model=model, wrapped=model, flops_tok=1e6, peak_total=1e12, world_size=1,
+        precision=SimpleNamespace(name="bf16"),
         plan=SimpleNamespace(batch_tokens=4096, steps=10), device=torch.device("cpu"),
     )  # fmt: skip
     training_forward(t)

@@ -15,8 +15,11 @@ from smelt.summary import mfu_text
 from smelt.train.optim import build_optimizer
 from smelt.train.speed import (
     ASSUMED_EAGER_MFU,
+    DEFAULT_SPEEDUP,
+    auto_compile_excluded,
     compile_cache_dir,
     compile_pays_off,
+    compile_speedup,
     enable_compile_cache,
     estimated_step_s,
     should_compile,
@@ -77,7 +80,7 @@ def test_auto_compile_follows_the_run_length_and_says_why():
     short, why_short = should_compile("auto", "cpu", 10, step_s)
     long, why_long = should_compile("auto", "cpu", 10**6, step_s)
     assert (short, long) == (False, True)
-    assert why_short.startswith("train.compile = auto: off, 10 steps of ~0.0137 s")
+    assert why_short.startswith(f"train.compile = auto: off, 10 steps of ~{step_s:.3g} s")
     assert why_long.startswith("train.compile = auto: on")
     assert should_compile("auto", "cpu", 10**6, None) == (
         False,
@@ -85,6 +88,33 @@ def test_auto_compile_follows_the_run_length_and_says_why():
     )
     assert should_compile(True, "cpu", 1, step_s) == (True, "train.compile = true")
     assert should_compile(False, "cuda", 10**9, step_s) == (False, "train.compile = false")
+
+
+def test_auto_is_the_default_and_leaves_untested_runs_eager():
+    """Auto compiles a dense single-process run; MoE layers and several processes stay eager (with the
+    reason), however long the run, while `true` is still the user's to set."""
+    dense = config_from_dict({})
+    assert dense.train.compile == "auto"
+    assert auto_compile_excluded(dense, 1) is None
+    assert "2 processes" in auto_compile_excluded(dense, 2)
+    moe = config_from_dict({"model": {"preset": "tiny-moe"}})
+    why = auto_compile_excluded(moe, 1)
+    assert "MoE layers" in why
+    compiled, note = should_compile("auto", "cpu", 10**9, 1.0, why)
+    assert (
+        not compiled and note == f"train.compile = auto: off, {why} (set train.compile = true to compile it)"
+    )
+    assert should_compile(True, "cpu", 1, 1.0, why) == (True, "train.compile = true")
+
+
+def test_auto_weighs_the_speedup_of_the_runs_precision():
+    """On CPU compiling buys bf16 steps far more than fp32 ones, so the same run compiles in bf16 only."""
+    assert compile_speedup("cpu", "bf16") > compile_speedup("cpu", "fp32") > 1.0
+    assert compile_speedup("cuda", "bf16") == compile_speedup("mps", "fp32") == DEFAULT_SPEEDUP
+    bf16, _ = should_compile("auto", "cpu", 2000, 0.5, precision="bf16")
+    fp32, note = should_compile("auto", "cpu", 2000, 0.5, precision="fp32")
+    assert (bf16, fp32) == (True, False)
+    assert f"at {compile_speedup('cpu', 'fp32')}x" in note
 
 
 def test_the_compile_cache_lives_under_the_user_cache(monkeypatch, tmp_path):
@@ -114,7 +144,8 @@ def test_the_training_forward_sets_the_loss_chunks_and_the_compile_decision():
     model = build_model(tiny_model_config())
     cfg = config_from_dict({"train": {"loss_chunk_tokens": 512, "compile": "auto"}})
     t = SimpleNamespace(
-        tc=cfg.train, model=model, wrapped=model, flops_tok=1e6, peak_total=1e12,
+        cfg=cfg, tc=cfg.train, model=model, wrapped=model, flops_tok=1e6, peak_total=1e12, world_size=1,
+        precision=SimpleNamespace(name="bf16"),
         plan=SimpleNamespace(batch_tokens=4096, steps=10), device=torch.device("cpu"),
     )  # fmt: skip
     assert training_forward(t) is model  # 10 short steps: compiling would not pay
@@ -197,7 +228,7 @@ def test_a_run_with_the_chunked_loss_logs_the_losses_of_the_whole_batch_run(tmp_
         records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         losses[chunk] = [r["loss"] for r in records if r["kind"] == "train"]
         start = next(r for r in records if r.get("event") == "start")
-        assert start["compile"] == "train.compile = false"
+        assert start["compile"].startswith("train.compile = auto: off, 6 steps")  # the default, short run
     assert len(losses[0]) == 6
     assert losses[48] == pytest.approx(losses[0], abs=1e-5)
     assert losses[48] != losses[0]  # the chunked path ran (its sums round differently)

@@ -231,10 +231,10 @@ class TrainConfig:
     device: str = option("auto", help="auto, cpu, cuda or cuda:N")
     threads: int = option(0, range=(0, 1024), help="CPU threads for torch (0: one per core)")
     compile: bool | str = option(
-        False,
+        "auto",
         choices=(False, True, "auto"),
-        help="torch.compile the model: true, false, or auto (on when the run is long enough to win back "
-        "the compile time); compiled kernels are cached in ~/.cache/smelt/inductor",
+        help="torch.compile the model: true, false, or auto (on for a dense single-process run long enough "
+        "to win back the compile time); compiled kernels are cached in ~/.cache/smelt/inductor",
     )
     loss_chunk_tokens: int = option(
         0,

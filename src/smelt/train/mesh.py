@@ -143,8 +143,8 @@ def check_pipeline_parallel(cfg: Config, dp: int = 1) -> None:
         problems.append(
             "train.precision = 'fp16' needs one loss scale over every stage, not built; use 'bf16'"
         )
-    if tc.compile:
-        problems.append(f"train.compile = {tc.compile!r} is not built for pipeline stages; set it to false")
+    if tc.compile is True:  # "auto" turns itself off here (speed.py)
+        problems.append("train.compile = true is not built for pipeline stages; set it to false or auto")
     if tc.monitor_every:
         problems.append("train.monitor_every (per-layer ratios) is not built for it; set it to 0")
     if cfg.eval.every_steps:
@@ -191,9 +191,10 @@ def check_context_parallel(cfg: Config) -> None:
             "MoE layers (model.moe_experts, train.expert_parallel) are not built for it: their balancing "
             "loss and load counts would see only each rank's part of the sequence"
         )
-    if tc.compile:
+    if tc.compile is True:  # "auto" turns itself off here (speed.py)
         problems.append(
-            "train.compile is not built for it (collectives inside the attention); set it to false"
+            "train.compile = true is not built for it (collectives inside the attention); set it to false "
+            "or auto"
         )
     if m.attention == "flex":
         problems.append(

@@ -16,16 +16,24 @@ import torch
 from smelt.train.host_memory import host_memory_note
 
 # What one compile of a model costs and buys, by device type: the first compiled step's extra
-# seconds with an empty cache, and the compiled step's speed over the eager one. CPU: small-5m
-# (d 256, 6 layers) in fp32 on the 2-core AVX2 machine compiled in 133 s with an empty cache (21 s
-# with a warm one) and then ran its step in 1.50 s of CPU time against 1.70 s eager, 1.13x
-# (docs/benchmarks.md, "Training speed"). CUDA: not measured here; 90 s and 1.3x are guesses to
-# replace with bench/gpu.py's figures.
-COMPILE_SECONDS = {"cpu": 120.0, "cuda": 90.0}
-COMPILE_SPEEDUP = {"cpu": 1.13, "cuda": 1.3}
-# The MFU the eager step is assumed to reach when its time is estimated from FLOPs (conservative:
-# a higher guess makes steps look shorter and compile look less worth it).
-ASSUMED_EAGER_MFU = 0.3
+# seconds with an empty inductor cache, and the compiled step's speed over the eager one, by precision.
+# CPU: small-5m (d 256, 6 layers, vocabulary 8,192, batch 16 x 256) on the idle 2-core AVX-512 BF16
+# machine, 3 runs each (`bench/train_throughput.py 30 [compile] --cold-cache`): compiling cost 36 s
+# with an empty cache (3 s with the one the first run left); the compiled bf16 step ran 1.19x the eager
+# one (10,085 against 8,505 tokens/s), the fp32 step 1.02x (docs/benchmarks.md, "Training speed").
+# CUDA: not measured here; 90 s and 1.3x are guesses to replace with bench/gpu.py's figures.
+COMPILE_SECONDS = {"cpu": 40.0, "cuda": 90.0}
+COMPILE_SPEEDUP = {"cpu": {"bf16": 1.19, "fp32": 1.02}, "cuda": {}}
+DEFAULT_SPEEDUP = 1.3
+# The MFU (against the peak of the run's own precision) the eager step is assumed to reach when its
+# time is estimated from FLOPs: small-5m's eager step reached 0.39 of the measured bf16 peak and 0.75
+# of the fp32 one. A higher guess makes steps look shorter and compile less worth it.
+ASSUMED_EAGER_MFU = 0.4
+
+
+def compile_speedup(device_type: str, precision: str) -> float:
+    """The compiled step's speed over the eager one on this device type in this precision."""
+    return COMPILE_SPEEDUP.get(device_type, {}).get(precision, DEFAULT_SPEEDUP)
 
 
 def compile_pays_off(steps: int, step_s: float, compile_s: float, speedup: float) -> bool:
@@ -44,16 +52,35 @@ def estimated_step_s(flops_per_token: float, tokens_per_step: int, peak_flops: f
     return flops_per_token * tokens_per_step / (peak_flops * ASSUMED_EAGER_MFU)
 
 
+def auto_compile_excluded(cfg: Any, world_size: int) -> str | None:
+    """Why train.compile = "auto" leaves this run eager whatever its length, or None. Auto compiles
+    what is tested compiled, a dense model on one process; `true` still compiles the rest where it
+    can (and pipeline and context parallelism refuse it by name: mesh.py)."""
+    if cfg.model.moe_experts:
+        return "MoE layers (model.moe_experts) are not tested compiled"
+    if world_size > 1:
+        return f"{world_size} processes: only single-process runs are compiled automatically"
+    return None
+
+
 def should_compile(
-    setting: bool | str, device_type: str, steps: int, step_s: float | None
+    setting: bool | str,
+    device_type: str,
+    steps: int,
+    step_s: float | None,
+    excluded: str | None = None,
+    precision: str = "bf16",
 ) -> tuple[bool, str]:
-    """(compile or not, why) for train.compile = true, false or "auto"."""
+    """(compile or not, why) for train.compile = true, false or "auto"; `excluded`: why auto must not
+    compile this run (auto_compile_excluded)."""
     if setting != "auto":
         return bool(setting), f"train.compile = {str(bool(setting)).lower()}"
+    if excluded:
+        return False, f"train.compile = auto: off, {excluded} (set train.compile = true to compile it)"
     if step_s is None:
         return False, "train.compile = auto: off, the device's peak FLOP/s (and so the step time) is unknown"
     compile_s = COMPILE_SECONDS.get(device_type, COMPILE_SECONDS["cuda"])
-    speedup = COMPILE_SPEEDUP.get(device_type, COMPILE_SPEEDUP["cuda"])
+    speedup = compile_speedup(device_type, precision)
     saved = steps * step_s * (1.0 - 1.0 / speedup)
     verdict = "on" if compile_pays_off(steps, step_s, compile_s, speedup) else "off"
     return verdict == "on", (
@@ -96,7 +123,10 @@ def training_forward(t: Any) -> Callable[..., Any]:
     t.host_memory_note = host_memory_note(tc.keep_host_memory, t.device.type)
     t.model.loss_chunk_rows = tc.loss_chunk_tokens
     step_s = estimated_step_s(t.flops_tok, t.plan.batch_tokens, t.peak_total)
-    compiled, t.compile_note = should_compile(tc.compile, t.device.type, t.plan.steps, step_s)
+    excluded = auto_compile_excluded(t.cfg, t.world_size)
+    compiled, t.compile_note = should_compile(
+        tc.compile, t.device.type, t.plan.steps, step_s, excluded, t.precision.name
+    )
     if not compiled:
         return t.wrapped
     enable_compile_cache()
