@@ -87,6 +87,7 @@ def test_sft_stage_lowers_validation_loss_and_records_the_parent(base_run, tmp_p
     assert [r["step"] for r in records if r["kind"] == "train"] == [5, 10, 15, 20, 25, 30]
     run = json.loads((out / "train" / "run.json").read_text())
     assert run["stage"] == "sft" and run["parent"]["cumulative_tokens"] == 1000
+    assert run["host_memory"].startswith("train.keep_host_memory")  # freed host memory reused on CPU
     assert (out / "train" / "checkpoints" / "step_0000030" / "COMMITTED").is_file()
     assert (out / "tokenizer" / "tokenizer.json").is_file()
     assert json.loads((out / "summary.json").read_text())["tokens_per_s"] > 0

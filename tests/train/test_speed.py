@@ -232,3 +232,38 @@ def test_a_run_with_the_chunked_loss_logs_the_losses_of_the_whole_batch_run(tmp_
     assert len(losses[0]) == 6
     assert losses[48] == pytest.approx(losses[0], abs=1e-5)
     assert losses[48] != losses[0]  # the chunked path ran (its sums round differently)
+
+
+@pytest.mark.slow
+def test_a_compiled_bf16_run_follows_the_eager_one(tmp_path, monkeypatch):
+    """What auto turns on for long runs, end to end through the trainer: a compiled bf16 run with
+    document masking logs the eager run's losses up to the rounding of inductor's fused kernels."""
+    import json
+
+    from helpers import write_token_data
+    from smelt.train.trainer import train
+
+    monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    torch._dynamo.reset()
+    tokens, tokenizer = write_token_data(tmp_path)
+    losses, notes = {}, {}
+    for compiled in (False, True):
+        raw = {
+            "run": {"seed": 5},
+            "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
+            "train": {
+                "seq_len": 32, "micro_batch": 4, "tokens": 128 * 5, "lr": 3e-3, "log_every": 1,
+                "eval_every": 0, "eval_tokens": 256, "precision": "bf16", "compile": compiled,
+            },
+            "checkpoint": {"every_steps": 0},
+        }  # fmt: skip
+        out = tmp_path / f"run-{compiled}"
+        train(config_from_dict(raw), tokens, tokenizer, out)
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        losses[compiled] = [r["loss"] for r in records if r["kind"] == "train"]
+        notes[compiled] = next(r for r in records if r.get("event") == "start")["compile"]
+    assert notes == {False: "train.compile = false", True: "train.compile = true"}
+    assert len(losses[True]) == 5
+    assert losses[True] == pytest.approx(losses[False], abs=2e-2)
+    assert any((tmp_path / "inductor").rglob("*"))  # the compiled artifacts went to the cache

@@ -33,6 +33,7 @@ from smelt.posttrain.config import PostTrainConfig
 from smelt.progress import log
 from smelt.tokenizer.load import Tokenizer
 from smelt.train.distributed import clip_grads_, global_grad_norm
+from smelt.train.host_memory import host_memory_note
 from smelt.train.monitors import MetricsLog
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import Precision, resolve_precision
@@ -117,6 +118,7 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
         moved = move_aside(out_dir / "train", out_dir)
         log(f"[{name}] the previous {out_dir / 'train'} was moved to {moved}")
     device = resolve_device(cfg.run.device)
+    host_memory = host_memory_note(True, device.type)  # as pretraining's default: train/host_memory.py
     torch.manual_seed(cfg.run.seed)
     tokenizer = Tokenizer.load(parent.run_dir / "tokenizer")
     meta = read_meta(parent.checkpoint, verify=False)
@@ -141,7 +143,7 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
         "stage": name, "posttrain_config": cfg.to_dict(), "config_hash": hash_json(cfg.to_dict()),
         "parent": parent.record(), "model_config": stage.model_config(), "vocab_size": tokenizer.vocab_size,
         "tokenizer_hash": tokenizer.hash, "code": code_version(), "libraries": library_versions(),
-        "device": str(device), "precision": stage.precision.name,
+        "device": str(device), "precision": stage.precision.name, "host_memory": host_memory,
     })  # fmt: skip
     stage.metrics = MetricsLog(stage.train_dir / "metrics.jsonl")
     return stage
