@@ -203,31 +203,44 @@ def test_async_saves_stage_cuda_tensors_into_pinned_host_buffers(device_type, pi
     assert options.use_async_staging and not options.use_shared_memory
 
 
-@pytest.mark.slow
-def test_a_run_with_the_chunked_loss_logs_the_losses_of_the_whole_batch_run(tmp_path, monkeypatch):
+def _tiny_run(tmp_path, name: str, seed: int, steps: int, **train: object) -> tuple[list[float], dict]:
+    """Train a 2-layer model `steps` steps of 128 tokens through the trainer on the helpers' token
+    data; (the logged train losses, the start record)."""
     import json
 
     from helpers import write_token_data
-    from smelt.train.trainer import train
+    from smelt.train.trainer import train as run_training
 
+    data = tmp_path / "data"
+    if data.is_dir():  # the second run of a test trains on the first one's data
+        tokens, tokenizer = data / "tokens", data / "tokenizer"
+    else:
+        data.mkdir()
+        tokens, tokenizer = write_token_data(data)
+    raw = {
+        "run": {"seed": seed},
+        "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
+        "train": {
+            "seq_len": 32, "micro_batch": 4, "tokens": 128 * steps, "lr": 3e-3, "log_every": 1,
+            "eval_every": 0, "eval_tokens": 256, **train,
+        },
+        "checkpoint": {"every_steps": 0},
+    }  # fmt: skip
+    out = tmp_path / name
+    run_training(config_from_dict(raw), tokens, tokenizer, out)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    start = next(r for r in records if r.get("event") == "start")
+    return [r["loss"] for r in records if r["kind"] == "train"], start
+
+
+@pytest.mark.slow
+def test_a_run_with_the_chunked_loss_logs_the_losses_of_the_whole_batch_run(tmp_path, monkeypatch):
     monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
-    tokens, tokenizer = write_token_data(tmp_path)
     losses = {}
     for chunk in (0, 48):  # 48 rows: 128 rows per micro batch in 3 chunks, the last one short
-        raw = {
-            "run": {"seed": 3},
-            "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
-            "train": {
-                "seq_len": 32, "micro_batch": 4, "tokens": 128 * 6, "lr": 3e-3, "log_every": 1,
-                "eval_every": 0, "eval_tokens": 256, "precision": "fp32", "loss_chunk_tokens": chunk,
-            },
-            "checkpoint": {"every_steps": 0},
-        }  # fmt: skip
-        out = tmp_path / f"run{chunk}"
-        train(config_from_dict(raw), tokens, tokenizer, out)
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        losses[chunk] = [r["loss"] for r in records if r["kind"] == "train"]
-        start = next(r for r in records if r.get("event") == "start")
+        losses[chunk], start = _tiny_run(
+            tmp_path, f"run{chunk}", 3, 6, precision="fp32", loss_chunk_tokens=chunk
+        )
         assert start["compile"].startswith("train.compile = auto: off, 6 steps")  # the default, short run
     assert len(losses[0]) == 6
     assert losses[48] == pytest.approx(losses[0], abs=1e-5)
@@ -238,31 +251,15 @@ def test_a_run_with_the_chunked_loss_logs_the_losses_of_the_whole_batch_run(tmp_
 def test_a_compiled_bf16_run_follows_the_eager_one(tmp_path, monkeypatch):
     """What auto turns on for long runs, end to end through the trainer: a compiled bf16 run with
     document masking logs the eager run's losses up to the rounding of inductor's fused kernels."""
-    import json
-
-    from helpers import write_token_data
-    from smelt.train.trainer import train
-
     monkeypatch.setenv("SMELT_PEAK_FLOPS", "1e12")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     torch._dynamo.reset()
-    tokens, tokenizer = write_token_data(tmp_path)
     losses, notes = {}, {}
     for compiled in (False, True):
-        raw = {
-            "run": {"seed": 5},
-            "model": {"d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "max_seq_len": 64},
-            "train": {
-                "seq_len": 32, "micro_batch": 4, "tokens": 128 * 5, "lr": 3e-3, "log_every": 1,
-                "eval_every": 0, "eval_tokens": 256, "precision": "bf16", "compile": compiled,
-            },
-            "checkpoint": {"every_steps": 0},
-        }  # fmt: skip
-        out = tmp_path / f"run-{compiled}"
-        train(config_from_dict(raw), tokens, tokenizer, out)
-        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        losses[compiled] = [r["loss"] for r in records if r["kind"] == "train"]
-        notes[compiled] = next(r for r in records if r.get("event") == "start")["compile"]
+        losses[compiled], start = _tiny_run(
+            tmp_path, f"run-{compiled}", 5, 5, precision="bf16", compile=compiled
+        )
+        notes[compiled] = start["compile"]
     assert notes == {False: "train.compile = false", True: "train.compile = true"}
     assert len(losses[True]) == 5
     assert losses[True] == pytest.approx(losses[False], abs=2e-2)
