@@ -107,6 +107,7 @@ LOGITS_WORKER = textwrap.dedent(
     if dist.get_rank() == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f)
+    dist.barrier()  # neither rank tears gloo down while the other may still be using it
     dist.destroy_process_group()
     """
 )
