@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
-from smelt.layout import MARKER
+from smelt.layout import MARKER, STAGE_DIRS
 
 # Keys (per config section) that cannot change a stage's outputs or a training trajectory.
 NEUTRAL_KEYS: dict[str, frozenset[str]] = {
@@ -68,6 +68,9 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
 COSTLY_S = 60.0
 SUPERSEDED = "superseded"
 LOCKS = ".locks"
+# Stage directories a training run depends on: while train/ holds committed checkpoints they are
+# costly too, so `smelt tokenizer train` or `smelt tokenize` moves them aside instead of replacing them.
+TRAINING_INPUTS = (STAGE_DIRS["tokenizer"], STAGE_DIRS["tokenize"])
 
 
 def trajectory_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -129,14 +132,20 @@ def committed_checkpoints(stage_dir: Path) -> int:
 def costly_work(
     stage_dir: Path, manifest: dict[str, Any] | None, attempt: dict[str, Any] | None
 ) -> str | None:
-    """Why a stage directory must not be deleted (committed checkpoints, more than a minute of work),
-    or None when replacing it loses nothing that matters."""
+    """Why a stage directory must not be deleted (committed checkpoints, the tokenizer or tokens that
+    train/'s committed checkpoints were trained with, more than a minute of work), or None when
+    replacing it loses nothing that matters."""
     stage_dir = Path(stage_dir)
     if not stage_dir.exists() or stage_dir.is_symlink():
         return None
     checkpoints = committed_checkpoints(stage_dir)
     if checkpoints:
         return f"{checkpoints} committed checkpoint{'s' if checkpoints != 1 else ''}"
+    if stage_dir.name in TRAINING_INPUTS:  # the checkpoints cannot be used or resumed without it
+        trained = committed_checkpoints(stage_dir.parent / STAGE_DIRS["train"])
+        if trained:
+            plural = "s in train/ were" if trained != 1 else " in train/ was"
+            return f"what the {trained} committed checkpoint{plural} trained with"
     seconds = float((manifest or {}).get("wall_time_s") or 0.0)
     if not manifest and attempt and attempt.get("started"):
         newest = max((p.stat().st_mtime for p in stage_dir.rglob("*") if p.is_file()), default=0.0)
