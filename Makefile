@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # tests run; `make install EXTRAS=dev` leaves it out.
 EXTRAS ?= dev,langid-lingua,ray
 
-.PHONY: install quickstart test test-fast bench lint clean
+.PHONY: install quickstart test test-fast bench lint clean gpu-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,15 @@ test-fast: install
 
 bench: install
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+# The CUDA path end to end on one NVIDIA GPU in about 8 minutes (bench/gpu_check.py; docs/benchmarks.md,
+# "GPU"). It runs smelt from this checkout (src on PYTHONPATH) with the venv's Python when there is one,
+# else $(PYTHON): a GPU machine's own PyTorch serves. Without CUDA it exits 2; `make gpu-check
+# ARGS=--dry-run` runs every item on the CPU at tiny shapes.
+GPU_CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PYTHON))
+
+gpu-check:
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_CHECK_PYTHON) bench/gpu_check.py $(ARGS)
 
 lint: install
 	$(BIN)/ruff check src tests bench

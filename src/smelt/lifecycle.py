@@ -50,6 +50,8 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
             # Compiled kernels round differently from eager ones (as other thread counts may), but the
             # plan (data order, schedule, model) is the same, so switching it stops nothing.
             "compile",
+            # Same arithmetic up to the kernels' reduction order, like compile.
+            "deterministic",
         }
     ),  # fmt: skip
     "checkpoint": frozenset(

@@ -236,6 +236,11 @@ class TrainConfig:
         help="torch.compile the model: true, false, or auto (on for a dense single-process run long enough "
         "to win back the compile time); compiled kernels are cached in ~/.cache/smelt/inductor",
     )
+    deterministic: bool = option(
+        False,
+        help="deterministic kernels (torch.use_deterministic_algorithms, cuBLAS workspace :4096:8): a resumed "
+        "CUDA run then repeats an uninterrupted one bit for bit, at some speed",
+    )
     loss_chunk_tokens: int = option(
         0,
         range=(0, 10**9),

@@ -35,6 +35,17 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def set_deterministic(enabled: bool) -> None:
+    """train.deterministic: kernels that reduce in a fixed order, so that a resumed run repeats an
+    uninterrupted one bit for bit on CUDA too. cuBLAS needs its workspace pinned before its first use
+    (the variable is read when the handle is created), so this runs before any CUDA work."""
+    if not enabled:
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)  # a kernel without one warns, once
+    torch.backends.cudnn.benchmark = False
+
+
 def read_vocab_size(tokenizer_dir: Path) -> int:
     path = Path(tokenizer_dir) / "smelt.json"
     try:
