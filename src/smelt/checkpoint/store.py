@@ -8,8 +8,7 @@ Layout of one checkpoint directory:
     meta.json                 step, tokens, loader/scaler/alert state, config + hashes, model config,
                               vocab size, world size, sha256 of every other file
     COMMITTED                 written last: the step and the sha256 of meta.json; a directory
-                              without it does not exist, and one whose marker lacks the checksum
-                              (empty, unreadable, an older format) is damaged
+                              without it does not exist, one without the checksum is damaged
 
 Two-phase commit: everything is written into `.tmp-step_NNNNNNN/`; rank 0 checksums every file into
 meta.json, fsyncs, renames the directory into place and writes the marker (with meta.json's own
@@ -248,33 +247,6 @@ def commit(tmp: Path, step: int, meta: dict[str, Any]) -> Path:
     return final
 
 
-def read_marker(checkpoint_dir: Path) -> dict[str, Any]:
-    """The commit marker's content: {"step", "meta_sha256"}, or {} for a marker that is empty, unreadable
-    or of an older format (a bare step number, without meta.json's checksum)."""
-    try:
-        marker = json.loads((Path(checkpoint_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        return {}
-    return marker if isinstance(marker, dict) else {}
-
-
-def _check_meta_digest(checkpoint_dir: Path) -> None:
-    """meta.json against the sha256 in the marker. A marker without one (emptied, truncated, of an
-    older format) is damage too: otherwise `: > COMMITTED` would switch the check off."""
-    expected = read_marker(checkpoint_dir).get("meta_sha256")
-    if not isinstance(expected, str) or not expected:
-        raise UserError(
-            f"checkpoint {checkpoint_dir}: its {MARKER} marker is empty, unreadable or of an older format "
-            f"(no sha256 of {META}), so {META} cannot be checked; the checkpoint counts as damaged. Use an "
-            f"earlier checkpoint (resume falls back to one on its own)."
-        )
-    if (checkpoint_dir / META).is_file() and hash_file(checkpoint_dir / META) != expected:
-        raise UserError(
-            f"checkpoint {checkpoint_dir}: {META} does not match its sha256 in {MARKER}; it was edited "
-            f"or is corrupt. Use an earlier checkpoint (resume falls back to one on its own)."
-        )
-
-
 def discard_partial(tmp: Path, step: int) -> None:
     """Remove what a failed save left: its `.tmp-` directory, and its final directory if the rename
     happened but the marker did not (never a committed checkpoint)."""
@@ -413,8 +385,23 @@ def read_meta(checkpoint_dir: Path, verify: bool = True) -> dict[str, Any]:
             f"{checkpoint_dir} is not a committed checkpoint (no {MARKER} marker): it was never finished "
             f"or is not a checkpoint directory. Pick another one, e.g. the latest under its parent."
         )
-    if verify:
-        _check_meta_digest(checkpoint_dir)
+    if verify:  # the marker holds {"step", "meta_sha256"}
+        try:
+            marker = json.loads((checkpoint_dir / MARKER).read_text())
+        except (OSError, ValueError):
+            marker = None
+        expected = marker.get("meta_sha256") if isinstance(marker, dict) else None
+        if not isinstance(expected, str) or not expected:  # `: > COMMITTED` must not switch the check off
+            raise UserError(
+                f"checkpoint {checkpoint_dir}: its {MARKER} marker is empty, unreadable or of an older format "
+                f"(no sha256 of {META}), so {META} cannot be checked; the checkpoint counts as damaged. Use an "
+                f"earlier checkpoint (resume falls back to one on its own)."
+            )
+        if (checkpoint_dir / META).is_file() and hash_file(checkpoint_dir / META) != expected:
+            raise UserError(
+                f"checkpoint {checkpoint_dir}: {META} does not match its sha256 in {MARKER}; it was edited "
+                f"or is corrupt. Use an earlier checkpoint (resume falls back to one on its own)."
+            )
     try:
         meta = json.loads((checkpoint_dir / META).read_text())
     except (OSError, json.JSONDecodeError) as exc:
