@@ -71,6 +71,7 @@ def test_dpo_stage_starts_at_ln2_caches_the_reference_and_learns_the_preference(
     monkeypatch.setattr(dpo, "reference_logps", no_recompute)
     cfg = _config(base_run, tmp_path / "dpo2", data, steps=1)
     stage = dpo.open_stage(cfg, "dpo")
+    stage.train_dir.mkdir(parents=True)
     (stage.train_dir / dpo.REFERENCE_FILE).write_text((out / "train" / dpo.REFERENCE_FILE).read_text())
     again = dpo.run_dpo(cfg, stage=stage)
     assert again["first_loss"] == pytest.approx(math.log(2), abs=1e-4)

@@ -7,7 +7,7 @@ import pytest
 from smelt.errors import UserError
 from smelt.posttrain.chat import read_chat, read_hh_rlhf
 from smelt.posttrain.config import config_from_dict
-from smelt.posttrain.data import read_items, split_heldout
+from smelt.posttrain.data import conversation_split, split_heldout
 from smelt.posttrain.evaluate import evaluate_run
 from smelt.posttrain.rewards import exact_number, resolve_reward
 from smelt.posttrain.sft import run_sft
@@ -35,10 +35,10 @@ def test_data_section_errors():
     with pytest.raises(
         UserError, match=r"data.format = 'preferences' holds preference pairs, not conversations"
     ):
-        read_items(cfg.data)
+        conversation_split(cfg.data, 0, "sft")
     cfg = config_from_dict({"data": {"format": "gsm8k"}})
     with pytest.raises(UserError, match=r"data.path is empty: data.format = 'gsm8k' reads a JSONL file"):
-        read_items(cfg.data)
+        conversation_split(cfg.data, 0, "sft")
     with pytest.raises(UserError, match=r"the stage has no training items"):
         split_heldout([], 4, 0)
 

@@ -58,10 +58,10 @@ def test_grpo_raises_the_mean_reward_of_a_tiny_model(base_run, tmp_path):
     }))  # fmt: skip
     summary = run_grpo(config_from_dict({
         "stage": "grpo", "run": {"init_from": str(tmp_path / "sft"), "out": str(tmp_path / "grpo")},
-        "data": {"format": "addition", "addition_items": 300, "addition_digits": 1, "heldout": 32},
+        "data": {"format": "addition", "addition_items": 300, "addition_digits": 1, "heldout": 24},
         "optim": {"lr": 1e-3, "steps": 20, "batch_size": 8, "schedule": "constant", "log_every": 5},
         "grpo": {"group_size": 8, "max_new_tokens": 6, "kl_coef": 0.02, "reward": "answers_seven"},
-        "eval": {"items": 32},
+        "eval": {"items": 24},
     }))  # fmt: skip
     assert summary["heldout_sampled_reward_after"] > summary["heldout_sampled_reward_before"] + 0.3
     assert summary["heldout_reward_after"] > summary["heldout_reward_before"]

@@ -9,10 +9,12 @@ hh-rlhf (`{"chosen", "rejected"}` dialogues in `\\n\\nHuman: ... \\n\\nAssistant
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
 import re
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -103,8 +105,14 @@ def gsm8k_item(record: dict[str, Any], where: str, keep_calculations: bool = Fal
     }
 
 
+def gsm8k_records(path: str | Path, keep_calculations: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("file:line", conversation) of each GSM8K record."""
+    for n, record in read_jsonl(path):
+        yield f"{path}:{n}", gsm8k_item(record, f"{path}:{n}", keep_calculations)
+
+
 def read_gsm8k(path: str | Path, keep_calculations: bool = False) -> list[dict[str, Any]]:
-    return [gsm8k_item(r, f"{path}:{n}", keep_calculations) for n, r in read_jsonl(path)]
+    return [item for _, item in gsm8k_records(path, keep_calculations)]
 
 
 # --- hh-rlhf ----------------------------------------------------------------------------------
@@ -156,44 +164,122 @@ def read_hh_rlhf(path: str | Path) -> tuple[list[dict[str, Any]], int]:
 # --- smelt's own formats ----------------------------------------------------------------------
 
 
-def read_chat(path: str | Path) -> list[dict[str, Any]]:
-    """Conversations of a `{"messages": [...]}` JSONL file (an optional "answer" is kept)."""
-    items = []
+def chat_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("file:line", conversation) of a `{"messages": [...]}` JSONL file (an optional "answer" is kept)."""
     for number, record in read_jsonl(path):
         item: dict[str, Any] = {"messages": check_messages(record.get("messages"), f"{path}:{number}")}
         if "answer" in record:
             item["answer"] = normalize_number(str(record["answer"]))
-        items.append(item)
-    return items
+        yield f"{path}:{number}", item
 
 
-def read_preferences(path: str | Path) -> list[dict[str, Any]]:
-    """Pairs of a `{"prompt", "chosen", "rejected"}` JSONL file, each side a list of messages."""
-    pairs = []
+def read_chat(path: str | Path) -> list[dict[str, Any]]:
+    return [item for _, item in chat_records(path)]
+
+
+def preference_records(path: str | Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """("file:line", pair) of a `{"prompt", "chosen", "rejected"}` JSONL file, each side a list of messages."""
     for number, record in read_jsonl(path):
         where = f"{path}:{number}"
-        pairs.append(
+        yield (
+            where,
             {
                 key: check_messages(record.get(key), f"{where} ({key})")
                 for key in ("prompt", "chosen", "rejected")
-            }
+            },
         )
-    return pairs
 
 
-def addition_items(n: int, seed: int, digits: int = 2) -> list[dict[str, Any]]:
-    """A synthetic verifiable task: `a+b` -> the sum, both operands with `digits` digits at most."""
+def read_preferences(path: str | Path) -> list[dict[str, Any]]:
+    return [pair for _, pair in preference_records(path)]
+
+
+# One unordered problem {a, b} in HELDOUT_SHARE is held out, by a hash of the pair: `a+b` and `b+a` fall
+# on the same side, and a problem's side does not depend on data.addition_digits (the 1-digit problems of
+# a 2-digit run are split as in a 1-digit run). Training items come only from the rest.
+HELDOUT_SHARE = 4
+
+
+def addition_heldout(a: int, b: int) -> bool:
+    """Whether the problem `a+b` belongs to the held-out partition (never trained on)."""
+    return zlib.crc32(f"{min(a, b)}+{max(a, b)}".encode()) % HELDOUT_SHARE == 0
+
+
+@functools.lru_cache(maxsize=8)
+def _heldout_problems(digits: int) -> tuple[tuple[int, int], ...]:
+    top = 10**digits
+    return tuple((a, b) for a in range(top) for b in range(top) if addition_heldout(a, b))
+
+
+def heldout_addition_problems(digits: int) -> int:
+    """How many distinct problems the held-out partition holds at `digits` digits per operand (counted up to
+    3 digits; beyond, about a quarter of 10**(2 * digits), more than any data.heldout asks)."""
+    return len(_heldout_problems(digits)) if digits <= 3 else 10 ** (2 * digits) // HELDOUT_SHARE
+
+
+def addition_items(n: int, seed: int, digits: int = 2, heldout: bool = False) -> list[dict[str, Any]]:
+    """A synthetic verifiable task: `a+b` -> the sum, both operands with `digits` digits at most.
+
+    Training items (`heldout=False`) are drawn with replacement from the training partition; held-out
+    items are `n` distinct problems of the held-out partition (`addition_heldout`), so no held-out problem
+    is ever a training item. Asking for more held-out problems than the partition holds is an error: check
+    `heldout_addition_problems(digits)` first and name the setting in the message."""
     rng = random.Random(seed)
     top = 10**digits
-    items = []
-    for _ in range(n):
-        a, b = rng.randrange(top), rng.randrange(top)
-        items.append({
-            "messages": [{"role": "user", "content": f"{a}+{b}"},
-                         {"role": "assistant", "content": str(a + b)}],
-            "answer": str(a + b),
-        })  # fmt: skip
-    return items
+    if not heldout:
+        pairs: list[tuple[int, int]] = []
+        while len(pairs) < n:
+            a, b = rng.randrange(top), rng.randrange(top)
+            if not addition_heldout(a, b):
+                pairs.append((a, b))
+    elif n > heldout_addition_problems(digits):
+        raise ValueError(f"{n} held-out {digits}-digit addition problems asked for; the partition holds "
+                         f"{heldout_addition_problems(digits)}")  # fmt: skip
+    elif digits <= 3:
+        pairs = rng.sample(_heldout_problems(digits), n)
+    else:
+        chosen: dict[tuple[int, int], None] = {}
+        while len(chosen) < n:
+            a, b = rng.randrange(top), rng.randrange(top)
+            if addition_heldout(a, b):
+                chosen[(a, b)] = None
+        pairs = list(chosen)
+    return [{"messages": [{"role": "user", "content": f"{a}+{b}"},
+                          {"role": "assistant", "content": str(a + b)}],
+             "answer": str(a + b)} for a, b in pairs]  # fmt: skip
+
+
+# --- input that teaches nothing ----------------------------------------------------------------
+
+
+def useless_conversation(item: dict[str, Any], needs_reply: bool) -> str | None:
+    """Why a conversation teaches nothing (a reason to drop it with), or None: a message with empty
+    content; for SFT (`needs_reply`) no assistant turn to train on; for RL no prompt to reply to."""
+    messages = item["messages"]
+    if any(not m["content"].strip() for m in messages):
+        return "empty_content"
+    if needs_reply and not any(m["role"] == "assistant" for m in messages):
+        return "no_assistant_turn"
+    if not needs_reply and not prompt_of(item):
+        return "no_prompt"
+    return None
+
+
+def useless_pair(pair: dict[str, Any]) -> str | None:
+    """Why a preference pair teaches nothing, or None: empty content, a side with no assistant turn, or
+    two identical sides."""
+    if any(not m["content"].strip() for key in ("prompt", "chosen", "rejected") for m in pair[key]):
+        return "empty_content"
+    if not all(any(m["role"] == "assistant" for m in pair[key]) for key in ("chosen", "rejected")):
+        return "no_assistant_turn"
+    if pair["chosen"] == pair["rejected"]:
+        return "identical_replies"
+    return None
+
+
+def prompt_text(messages: list[dict[str, str]]) -> str:
+    """The text of messages, one per line: what decontamination compares."""
+    return "\n".join(m["content"] for m in messages)
 
 
 def prompt_of(item: dict[str, Any]) -> list[dict[str, str]]:

@@ -33,7 +33,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--shots-from", default=None, help="GSM8K JSONL the few-shot examples come from")
     p.add_argument("--pairs", default=None, help="preference pairs (hh-rlhf .jsonl.gz or smelt JSONL)")
     p.add_argument("--addition", type=int, default=0, help="score N synthetic addition problems")
-    p.add_argument("--addition-digits", type=int, default=2, help="digits per addition operand")
+    p.add_argument("--addition-digits", type=int, default=None,
+                   help="digits per addition operand (default: what the run, or the nearest post-training stage "
+                   "before it, trained on; else 2)")  # fmt: skip
     p.add_argument("--limit", type=int, default=64, help="items per set (0: all)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.set_defaults(func=_eval)
@@ -68,6 +70,10 @@ def _eval(args: argparse.Namespace) -> int:
     from smelt.posttrain.evaluate import evaluate_run
     from smelt.summary import flat, print_table
 
+    if args.addition_digits is not None and not 1 <= args.addition_digits <= 9:
+        raise UserError(f"--addition-digits {args.addition_digits} must lie in [1, 9] (digits per operand).")
+    if args.addition < 0:
+        raise UserError(f"--addition {args.addition} must be 0 (no addition set) or a number of problems.")
     if args.limit < 0:
         raise UserError(f"--limit {args.limit} must be 0 (every item) or a positive number of items.")
     result = evaluate_run(args.run, args.checkpoint, args.gsm8k, args.pairs, args.addition, args.addition_digits,

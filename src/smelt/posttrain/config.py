@@ -44,9 +44,13 @@ class DataSection:
     format: str = option("chat", choices=FORMATS, help="how data.path is read")
     path: str = option("", help="JSONL (or .jsonl.gz) file; unused for the synthetic addition task")
     limit: int = option(0, range=(0, 10**9), help="read at most this many items (0: all)")
-    heldout: int = option(64, range=(0, 10**7), help="items kept out of training for validation and eval")
+    heldout: int = option(
+        64,
+        range=(0, 10**7),
+        help="items kept out of training for validation and eval (addition: distinct held-out problems)",
+    )
     keep_calculations: bool = option(False, help="GSM8K: keep the <<48/2=24>> calculator annotations")
-    addition_items: int = option(2000, range=(1, 10**7), help="addition: how many problems to make")
+    addition_items: int = option(2000, range=(1, 10**7), help="addition: how many training items to draw")
     addition_digits: int = option(2, range=(1, 9), help="addition: digits per operand")
 
 

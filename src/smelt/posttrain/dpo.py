@@ -25,10 +25,12 @@ from smelt.chat_template import ChatFormat
 from smelt.config import hash_json
 from smelt.model.transformer import IGNORE_INDEX
 from smelt.posttrain.config import DPOSection, PostTrainConfig
-from smelt.posttrain.data import read_pairs, split_heldout
+from smelt.posttrain.data import pair_split
 from smelt.posttrain.stage import (
     Stage,
+    begin,
     finish,
+    guarded,
     log_record,
     make_optimizer,
     make_schedule,
@@ -186,9 +188,14 @@ def heldout_metrics(
 
 def run_dpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = None) -> dict[str, Any]:
     """Train the parent on preference pairs; returns the summary (also RUN/summary.json)."""
+    with guarded(cfg, "dpo"):
+        return _run_dpo(cfg, force, stage)
+
+
+def _run_dpo(cfg: PostTrainConfig, force: bool, stage: Stage | None) -> dict[str, Any]:
+    split = pair_split(cfg.data, cfg.run.seed)
+    train_pairs, held = split.train, split.held
     stage = stage or open_stage(cfg, "dpo", force)
-    pairs = read_pairs(cfg.data)
-    train_pairs, held = split_heldout(pairs, cfg.data.heldout, cfg.run.seed)
     encoded = [encode_pair(stage.chat, p, stage.seq_len) for p in train_pairs]
     held_encoded = [encode_pair(stage.chat, p, stage.seq_len) for p in held]
     o, d = cfg.optim, cfg.dpo
@@ -196,6 +203,7 @@ def run_dpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = Non
     key = {"parent": str(stage.parent.checkpoint), "parent_step": stage.parent.step, "seq_len": stage.seq_len,
            "pairs": hash_json([train_pairs, held]), "precision": stage.precision.name}  # fmt: skip
     reference = held_reference = None
+    begin(stage, split)
     if use_reference:
         both = cached_reference(stage, encoded + held_encoded, key, o.batch_size)
         n = len(encoded)
@@ -205,7 +213,7 @@ def run_dpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = Non
         held_reference = reference_logps(stage, held_encoded, o.batch_size)
     optimizer, schedule = make_optimizer(stage), make_schedule(stage)
     start_event(stage, o.steps, loss=d.loss, train_pairs=len(encoded), heldout_pairs=len(held),
-                truncated=sum(p.truncated for p in encoded))  # fmt: skip
+                truncated=sum(p.truncated for p in encoded), **split.stats())  # fmt: skip
     log(f"[dpo] {d.loss}: {len(encoded)} pairs, {len(held)} held out; {o.steps} steps of {o.batch_size}")
     before = heldout_metrics(stage, held_encoded, held_reference, o.batch_size)
     log_record(
@@ -266,4 +274,5 @@ def run_dpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = Non
     return finish(stage, o.steps, {
         "loss": d.loss, "first_loss": first_loss, "ln2": math.log(2), "final_loss": stats["loss"],
         "heldout_before": before, "heldout_after": after, "train_pairs": len(encoded),
+        "heldout_pairs": len(held), **split.stats(),
     })  # fmt: skip

@@ -8,6 +8,7 @@ answer compared is the number after `####`, else the last number of the reply.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ import torch
 
 from smelt.chat_template import ChatFormat
 from smelt.model.generate import generate
-from smelt.posttrain.chat import final_number, normalize_number, prompt_of, read_gsm8k
+from smelt.posttrain.chat import final_number, normalize_number, prompt_of, prompt_text, read_gsm8k
 from smelt.posttrain.rewards import Reward
+from smelt.progress import log
 
 GALLERY_PROMPTS = (
     "What is 17+25?",
@@ -181,13 +183,83 @@ def preference_accuracy(
     return {"logp_accuracy": wins / len(pairs) if pairs else None, "pairs": len(pairs)}
 
 
+def lineage_configs(run_dir: str | Path) -> list[tuple[Path, Any]]:
+    """(run directory, post-training config) of a run and of each post-training stage before it, nearest
+    first, from their train/run.json; empty for a pretraining run."""
+    from smelt.posttrain.config import config_from_dict
+
+    out: list[tuple[Path, Any]] = []
+    current, seen = Path(run_dir), set()
+    while current.resolve() not in seen:
+        seen.add(current.resolve())
+        path = current / "train" / "run.json"
+        record = json.loads(path.read_text()) if path.is_file() else {}
+        if "posttrain_config" not in record:
+            break
+        out.append((current, config_from_dict(record["posttrain_config"])))
+        parent = (record.get("parent") or {}).get("run_dir")
+        if not parent:
+            break
+        current = Path(parent)
+    return out
+
+
+def trained_addition_digits(lineage: list[tuple[Path, Any]]) -> tuple[int, str]:
+    """The operand digits the nearest stage that trained on addition used, and where that was read; else
+    2 (the config default)."""
+    for run_dir, cfg in lineage:
+        if cfg.data.format == "addition":
+            return cfg.data.addition_digits, str(run_dir / "train" / "run.json")
+    return 2, "default (no stage of the run trained on addition)"
+
+
+def lineage_training_texts(lineage: list[tuple[Path, Any]]) -> tuple[list[str], list[str]]:
+    """The training texts of every post-training stage of the lineage (rebuilt from its saved config, as
+    the stage split them), and a line for each stage whose data could not be read."""
+    from smelt.errors import UserError
+    from smelt.posttrain.data import conversation_split, pair_split
+
+    texts: list[str] = []
+    unchecked: list[str] = []
+    for run_dir, cfg in lineage:
+        if "dropped" not in json.loads((run_dir / "train" / "run.json").read_text()):
+            unchecked.append(
+                f"{run_dir}: written before stages split their data into disjoint training and held-out "
+                f"items (train/run.json has no 'dropped'); its training items cannot be rebuilt, and an "
+                f"addition run of then trained on every problem. Rerun the stage to evaluate it cleanly."
+            )
+            continue
+        try:
+            if cfg.stage == "dpo":
+                split = pair_split(cfg.data, cfg.run.seed)
+            else:
+                split = conversation_split(cfg.data, cfg.run.seed, cfg.stage)
+        except UserError as exc:
+            unchecked.append(f"{run_dir}: {exc}")
+            continue
+        texts += split.train_texts
+    return texts, unchecked
+
+
+def _item_prompt(item: dict[str, Any]) -> str:
+    return prompt_text(prompt_of(item))
+
+
+def _clean(items: list[Any], texts: list[str], prompt: Any) -> tuple[list[Any], dict[str, int]]:
+    """The items whose prompt the training texts do not contain, and the counts the result records."""
+    from smelt.posttrain.data import decontaminate
+
+    kept, dropped = decontaminate(items, texts, prompt)
+    return kept, {"asked": len(items), "contaminated_dropped": dropped}
+
+
 def evaluate_run(
     run_dir: str | Path,
     checkpoint: str = "latest",
     gsm8k: str | Path | None = None,
     pairs: str | Path | None = None,
     addition: int = 0,
-    addition_digits: int = 2,
+    addition_digits: int | None = None,
     limit: int = 64,
     few_shot: int = 0,
     shots_from: str | Path | None = None,
@@ -195,14 +267,32 @@ def evaluate_run(
     device: str = "cpu",
 ) -> dict[str, Any]:
     """Score one checkpoint of a run: GSM8K exact match (chat, and k-shot when few_shot > 0), addition
-    exact match, preference accuracy and the gallery; written to RUN/posttrain_eval/step_NNNNNNN.json."""
+    exact match, preference accuracy and the gallery; written to RUN/posttrain_eval/step_NNNNNNN.json.
+
+    Every set is decontaminated against the training data of the run's post-training stages: an item
+    whose prompt that data contains (curation's 13-gram rule; exact match for prompts shorter than 13
+    words) is dropped and counted (`contaminated_dropped`). Addition problems come from the held-out
+    partition, with the operand digits the run trained on unless `addition_digits` is given."""
     from smelt.checkpoint.store import latest_checkpoint, load_model, step_dir_name
     from smelt.errors import UserError
     from smelt.manifest import write_json
     from smelt.posttrain.chat import addition_items, read_hh_rlhf, read_preferences
+    from smelt.posttrain.data import (
+        ADDITION_HELDOUT_SEED,
+        DECONTAM_NGRAM,
+        DECONTAM_THRESHOLD,
+        check_addition_heldout,
+    )
     from smelt.tokenizer.load import Tokenizer
 
     run_dir = Path(run_dir)
+    lineage = lineage_configs(run_dir)
+    digits_from = "--addition-digits"
+    if addition_digits is None:
+        addition_digits, digits_from = trained_addition_digits(lineage)
+    if addition:
+        check_addition_heldout(addition, addition_digits, "--addition",
+                               "Pass --addition {have} or fewer, or a larger --addition-digits.")  # fmt: skip
     folder = run_dir / "train" / "checkpoints"
     path = latest_checkpoint(folder) if checkpoint == "latest" else folder / step_dir_name(int(checkpoint))
     if path is None or not (path / "COMMITTED").is_file():
@@ -213,25 +303,35 @@ def evaluate_run(
     model, meta = load_model(path, device)
     model.eval()
     chat = ChatFormat(Tokenizer.load(run_dir / "tokenizer"))
+    texts, unchecked = lineage_training_texts(lineage) if (gsm8k or addition or pairs) else ([], [])
+    for line in unchecked:
+        log(f"[posttrain eval] warning: not decontaminated against {line}")
     result: dict[str, Any] = {"run_dir": str(run_dir), "checkpoint": str(path), "step": meta.get("step"),
-                              "stage": meta.get("stage", "pretrain")}  # fmt: skip
+                              "stage": meta.get("stage", "pretrain"),
+                              "decontamination": {"against": [str(d) for d, _ in lineage], "unchecked": unchecked,
+                                                  "ngram": DECONTAM_NGRAM, "threshold": DECONTAM_THRESHOLD}}  # fmt: skip
     if gsm8k:
-        items = gsm8k_items(gsm8k, limit)
-        result["gsm8k_chat"] = chat_exact_match(model, chat, items, max_new_tokens)
+        asked = gsm8k_items(gsm8k, limit)
+        items, counts = _clean(asked, texts, _item_prompt)
+        result["gsm8k_chat"] = {**chat_exact_match(model, chat, items, max_new_tokens), **counts}
         if few_shot:
-            shots = gsm8k_items(shots_from or gsm8k, few_shot + len(items))[-few_shot:]
-            result["gsm8k_few_shot"] = few_shot_exact_match(model, chat, items, shots, max_new_tokens)
+            shots = gsm8k_items(shots_from or gsm8k, few_shot + len(asked))[-few_shot:]
+            result["gsm8k_few_shot"] = {
+                **few_shot_exact_match(model, chat, items, shots, max_new_tokens),
+                **counts,
+            }
     if addition:
-        items = addition_items(addition, seed=999, digits=addition_digits)
-        result["addition_chat"] = {**chat_exact_match(model, chat, items, 16), "digits": addition_digits}
+        asked = addition_items(addition, ADDITION_HELDOUT_SEED, addition_digits, heldout=True)
+        items, counts = _clean(asked, texts, _item_prompt)
+        result["addition_chat"] = {**chat_exact_match(model, chat, items, 16), **counts,
+                                   "digits": addition_digits, "digits_from": digits_from}  # fmt: skip
     if pairs:
         if str(pairs).endswith(".gz"):
             loaded, _ = read_hh_rlhf(pairs)
         else:
             loaded = read_preferences(pairs)
-        result["preference"] = preference_accuracy(
-            model, chat, loaded[-limit:] if limit else loaded, model.cfg.max_seq_len
-        )
+        kept, counts = _clean(loaded[-limit:] if limit else loaded, texts, lambda p: prompt_text(p["prompt"]))
+        result["preference"] = {**preference_accuracy(model, chat, kept, model.cfg.max_seq_len), **counts}
     result["gallery"] = gallery(model, chat)
     out = run_dir / "posttrain_eval" / f"{path.name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

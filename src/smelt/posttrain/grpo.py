@@ -23,12 +23,14 @@ import torch
 from smelt.model.transformer import IGNORE_INDEX
 from smelt.posttrain.chat import prompt_of
 from smelt.posttrain.config import PostTrainConfig
-from smelt.posttrain.data import read_items, split_heldout
+from smelt.posttrain.data import conversation_split
 from smelt.posttrain.evaluate import generate_replies, mean_reward
 from smelt.posttrain.rewards import resolve_reward
 from smelt.posttrain.stage import (
     Stage,
+    begin,
     finish,
+    guarded,
     load_policy,
     log_record,
     make_optimizer,
@@ -92,11 +94,16 @@ def grpo_loss(
 
 def run_grpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = None) -> dict[str, Any]:
     """Improve the parent on a verifiable task; returns the summary (also RUN/summary.json)."""
-    stage = stage or open_stage(cfg, "grpo", force)
+    with guarded(cfg, "grpo"):
+        return _run_grpo(cfg, force, stage)
+
+
+def _run_grpo(cfg: PostTrainConfig, force: bool, stage: Stage | None) -> dict[str, Any]:
     reward = resolve_reward(cfg.grpo.reward)
-    items = read_items(cfg.data)
-    train, held = split_heldout(items, cfg.data.heldout, cfg.run.seed)
-    held = held[: cfg.eval.items] if cfg.eval.items else []
+    split = conversation_split(cfg.data, cfg.run.seed, "grpo")
+    train, held = split.train, split.held[: cfg.eval.items] if cfg.eval.items else []
+    stage = stage or open_stage(cfg, "grpo", force)
+    begin(stage, split)
     o, g = cfg.optim, cfg.grpo
     reference = (
         load_policy(stage.parent, stage.device, stage.model.cfg.max_seq_len).eval() if g.kl_coef else None
@@ -106,7 +113,7 @@ def run_grpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = No
     optimizer, schedule = make_optimizer(stage), make_schedule(stage)
     chat = stage.chat
     start_event(stage, o.steps, train_items=len(train), heldout_items=len(held), group_size=g.group_size,
-                reward=g.reward, kl_coef=g.kl_coef)  # fmt: skip
+                reward=g.reward, kl_coef=g.kl_coef, **split.stats())  # fmt: skip
     log(f"[grpo] {len(train)} prompts, {o.batch_size} x {g.group_size} samples per step, {o.steps} steps")
 
     def heldout(step: int) -> dict[str, Any]:
@@ -184,4 +191,5 @@ def run_grpo(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = No
         "heldout_sampled_reward_after": after["heldout_sampled_reward"],
         "train_reward_first_quarter": sum(curve[:quarter]) / quarter,
         "train_reward_last_quarter": sum(curve[-quarter:]) / quarter, "reward": g.reward,
+        "train_items": len(train), "heldout_items": len(held), **split.stats(),
     })  # fmt: skip

@@ -17,10 +17,12 @@ import torch
 from smelt.chat_template import ChatFormat, Encoded
 from smelt.model.transformer import IGNORE_INDEX, position_ids_from_doc_ids
 from smelt.posttrain.config import PostTrainConfig
-from smelt.posttrain.data import read_items, split_heldout
+from smelt.posttrain.data import conversation_split
 from smelt.posttrain.stage import (
     Stage,
+    begin,
     finish,
+    guarded,
     log_record,
     make_optimizer,
     make_schedule,
@@ -123,19 +125,26 @@ def validation_loss(stage: Stage, packed: Packed, batch_size: int) -> float | No
 
 def run_sft(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = None) -> dict[str, Any]:
     """Fine-tune the parent on conversations; returns the summary (also RUN/summary.json)."""
+    with guarded(cfg, "sft"):
+        return _run_sft(cfg, force, stage)
+
+
+def _run_sft(cfg: PostTrainConfig, force: bool, stage: Stage | None) -> dict[str, Any]:
+    split = conversation_split(cfg.data, cfg.run.seed, "sft")
+    train_items, held = split.train, split.held
     stage = stage or open_stage(cfg, "sft", force)
-    items = read_items(cfg.data)
-    train_items, held = split_heldout(items, cfg.data.heldout, cfg.run.seed)
     pad = stage.tokenizer.pad_id
     order = list(range(len(train_items)))
     random.Random(cfg.run.seed).shuffle(order)
     train = pack(encode_items(stage.chat, [train_items[i] for i in order]), stage.seq_len, pad)
     val = pack(encode_items(stage.chat, held), stage.seq_len, pad) if held else None
+    begin(stage, split)
     optimizer, schedule = make_optimizer(stage), make_schedule(stage)
     o = cfg.optim
     trained = int((train.targets != IGNORE_INDEX).sum())
     start_event(stage, o.steps, train_items=len(train_items), heldout_items=len(held), rows=len(train),
-                truncated=train.truncated, trained_tokens_per_epoch=trained, seq_len=stage.seq_len)  # fmt: skip
+                truncated=train.truncated, trained_tokens_per_epoch=trained, seq_len=stage.seq_len,
+                **split.stats())  # fmt: skip
     log(f"[sft] {len(train_items)} conversations in {len(train)} rows of {stage.seq_len} "
         f"({trained} trained tokens, {train.truncated} cut), {len(held)} held out; {o.steps} steps")  # fmt: skip
     first_val = validation_loss(stage, val, o.batch_size) if val is not None else None
@@ -180,4 +189,5 @@ def run_sft(cfg: PostTrainConfig, force: bool = False, stage: Stage | None = Non
     return finish(stage, o.steps, {
         "train_loss": last.get("loss"), "val_loss_before": first_val, "val_loss": final_val,
         "train_items": len(train_items), "heldout_items": len(held), "truncated": train.truncated,
+        **split.stats(),
     })  # fmt: skip

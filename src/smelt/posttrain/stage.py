@@ -10,11 +10,14 @@ its parent, so SFT -> DPO -> GRPO is a lineage chain the reports draw.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,10 +29,11 @@ from smelt.checkpoint.lineage import Parent, load_parent, resolve_parent
 from smelt.checkpoint.store import read_meta, save_checkpoint
 from smelt.config import ModelConfig, TrainConfig, hash_json
 from smelt.errors import UserError
-from smelt.lifecycle import committed_checkpoints, move_aside
+from smelt.lifecycle import LOCKS, committed_checkpoints, move_aside, stage_lock
 from smelt.manifest import code_version, library_versions, write_json
 from smelt.model.transformer import Transformer
 from smelt.posttrain.config import PostTrainConfig
+from smelt.posttrain.data import Split
 from smelt.progress import log
 from smelt.tokenizer.load import Tokenizer
 from smelt.train.distributed import clip_grads_, global_grad_norm
@@ -58,6 +62,8 @@ class Stage:
     started: float = field(default_factory=time.time)
     tokens: int = 0  # tokens through the model's forward (training only), for tokens/s
     train_seconds: float = 0.0
+    force: bool = False  # --force: begin() moves a previous run's train/ aside
+    host_memory: str = ""  # how freed host memory is handled (train/host_memory.py)
 
     @property
     def train_dir(self) -> Path:
@@ -92,8 +98,7 @@ def load_policy(parent: Parent, device: torch.device, max_seq_len: int = 0) -> T
     return model
 
 
-def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
-    """Resolve the parent, load its tokenizer and weights, prepare the output run directory."""
+def check_run_section(cfg: PostTrainConfig, name: str) -> None:
     if not cfg.run.init_from:
         raise UserError(
             f"run.init_from is empty: name the checkpoint {name} starts from (a run directory, RUN:STEP or a "
@@ -103,20 +108,76 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
         raise UserError(
             f"run.out is empty: name the run directory {name} writes, e.g. --set run.out=runs/sft."
         )
+
+
+@contextlib.contextmanager
+def guarded(cfg: PostTrainConfig, name: str) -> Iterator[None]:
+    """Run a stage under RUN/.locks/<stage>.lock (a second command on the same run.out stops with exit 2).
+    On every exit path (done, an error, Ctrl-C, SIGTERM) the lock file goes, and the directories this
+    command created go too when nothing but the lock was written in them: input that fails leaves no stub
+    run directory. A SIGKILL leaves the lock file, which holds nothing once its process is gone."""
+    check_run_section(cfg, name)
+    out_dir = Path(cfg.run.out)
+    created = out_dir
+    while not created.parent.exists() and created.parent != created:
+        created = created.parent
+    created = created if not created.exists() else None  # the first directory this command makes
+    restore = _exit_on_sigterm()
+    try:
+        with stage_lock(out_dir, name):
+            try:
+                yield
+            finally:
+                (out_dir / LOCKS / f"{name}.lock").unlink(missing_ok=True)
+    finally:
+        restore()
+        with contextlib.suppress(OSError):
+            (out_dir / LOCKS).rmdir()  # only when empty: another stage's lock stays
+        if created is not None:
+            for folder in [out_dir, *out_dir.parents]:
+                if not _remove_empty(folder) or folder == created:
+                    break
+
+
+def _remove_empty(folder: Path) -> bool:
+    try:
+        folder.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _exit_on_sigterm() -> Callable[[], None]:
+    """Turn SIGTERM into SystemExit(143) while a stage runs, so its cleanup runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is not signal.SIG_DFL:
+        return lambda: None
+
+    def stop(signum: int, frame: Any) -> None:
+        log(f"post-training stopped by signal {signum}; no checkpoint was written (stages save at the end)")
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    return lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
+    """Resolve the parent, load its tokenizer and weights. Nothing is written: `begin` lays out the run
+    directory once the stage's input has been read."""
+    check_run_section(cfg, name)
     parent = resolve_parent(cfg.run.init_from)
     out_dir = Path(cfg.run.out)
     if out_dir.resolve() == parent.run_dir.resolve():
         raise UserError(
             f"run.out = {cfg.run.out!r} is the parent run itself; a {name} stage writes a new run."
         )
-    if committed_checkpoints(out_dir / "train"):
-        if not force:
-            raise UserError(
-                f"{out_dir} already holds committed {name} checkpoints. Pass --force to move that run to "
-                f"{out_dir / 'superseded'} and start again, or choose another run.out."
-            )
-        moved = move_aside(out_dir / "train", out_dir)
-        log(f"[{name}] the previous {out_dir / 'train'} was moved to {moved}")
+    if committed_checkpoints(out_dir / "train") and not force:
+        raise UserError(
+            f"{out_dir} already holds committed {name} checkpoints. Pass --force to move that run to "
+            f"{out_dir / 'superseded'} and start again, or choose another run.out."
+        )
     device = resolve_device(cfg.run.device)
     host_memory = host_memory_note(True, device.type)  # as pretraining's default: train/host_memory.py
     torch.manual_seed(cfg.run.seed)
@@ -130,10 +191,21 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
     max_len = int(meta["model_config"]["max_seq_len"])
     seq_len = cfg.optim.seq_len or max_len
     model = load_policy(parent, device, max_seq_len=max(seq_len, max_len))
-    stage = Stage(
+    return Stage(
         name, cfg, parent, out_dir, tokenizer, ChatFormat(tokenizer), model, device,
-        resolve_precision(cfg.run.precision, device), seq_len,
+        resolve_precision(cfg.run.precision, device), seq_len, force=force, host_memory=host_memory,
     )  # fmt: skip
+
+
+def begin(stage: Stage, split: Split) -> None:
+    """Lay out the run directory (once the input is read): a previous run's train/ moved aside under
+    --force, the parent's tokenizer and config, train/run.json, train/dropped.jsonl (the input records
+    dropped, with reasons) and the metrics log."""
+    cfg, name, out_dir, device = stage.cfg, stage.name, stage.out_dir, stage.device
+    if committed_checkpoints(out_dir / "train") and stage.force:
+        moved = move_aside(out_dir / "train", out_dir)
+        log(f"[{name}] the previous {out_dir / 'train'} was moved to {moved}")
+    parent, tokenizer = stage.parent, stage.tokenizer
     out_dir.mkdir(parents=True, exist_ok=True)
     shutil.copytree(parent.run_dir / "tokenizer", out_dir / "tokenizer", dirs_exist_ok=True)
     if (parent.run_dir / "config.json").is_file():
@@ -143,10 +215,21 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
         "stage": name, "posttrain_config": cfg.to_dict(), "config_hash": hash_json(cfg.to_dict()),
         "parent": parent.record(), "model_config": stage.model_config(), "vocab_size": tokenizer.vocab_size,
         "tokenizer_hash": tokenizer.hash, "code": code_version(), "libraries": library_versions(),
-        "device": str(device), "precision": stage.precision.name, "host_memory": host_memory,
+        "device": str(device), "precision": stage.precision.name, "host_memory": stage.host_memory,
+        **split.stats(),
     })  # fmt: skip
+    (stage.train_dir / "dropped.jsonl").unlink(missing_ok=True)  # an earlier attempt's
+    if split.dropped_records:
+        with open(stage.train_dir / "dropped.jsonl", "w", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in split.dropped_records)
+        log(f"[{name}] {sum(split.dropped.values())} input records teach nothing and were dropped "
+            f"({', '.join(f'{k}: {v}' for k, v in sorted(split.dropped.items()))}); see "
+            f"{stage.train_dir / 'dropped.jsonl'}")  # fmt: skip
+    if split.contaminated:
+        log(
+            f"[{name}] {split.contaminated} held-out items whose prompt the training data contains were dropped"
+        )
     stage.metrics = MetricsLog(stage.train_dir / "metrics.jsonl")
-    return stage
 
 
 def make_optimizer(stage: Stage, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:

@@ -196,3 +196,52 @@ class Decontaminate(CorpusStep):
             }
             for name in self.index.names
         }
+
+
+def overlapping_items(
+    items: list[str], texts: Iterable[str], n: int = 13, threshold: float = 0.5
+) -> set[int]:
+    """The positions of `items` (evaluation texts) that `texts` (training data) contain, by the rule above:
+    an item of at least n words matches a text holding `threshold` of its n-grams. A shorter item, which no
+    n-gram can check, matches a text whose normalized words are exactly its own (`3+4` and `3 + 4`).
+
+    An `EvalIndex` gives a shared n-gram to its first item only, which is right for whole benchmarks but
+    would hide an item that shares n-grams with an earlier one (two questions from one template); so the
+    items are laid out over as few indexes as keep every item's n-grams its own."""
+    layers: list[tuple[set[int], dict[str, list[int]]]] = []  # (n-grams taken, text -> positions)
+    short: dict[bytes, list[int]] = {}
+    for i, text in enumerate(items):
+        ws = words(text)
+        if len(ws) < n:
+            if ws:
+                short.setdefault(b" ".join(ws), []).append(i)
+            continue
+        grams = set(ngram_hashes(text, n).tolist())
+        for taken, owners in layers:
+            if text in owners or not grams & taken:
+                owners.setdefault(text, []).append(i)
+                taken |= grams
+                break
+        else:
+            layers.append((grams, {text: [i]}))
+    indexes = [(EvalIndex({"items": list(owners)}, n), list(owners.values())) for _, owners in layers]
+    found: set[int] = set()
+
+    def check(batch: list[str]) -> None:
+        for index, owners in indexes:
+            for matched in index.batch_matches(batch, threshold):
+                for item in matched:
+                    found.update(owners[item])
+        for text in batch:
+            found.update(short.get(b" ".join(words(text)), ()))
+
+    batch: list[str] = []
+    size = 0
+    for text in texts:
+        batch.append(text)
+        size += len(text)
+        if size >= BATCH_CHARS:
+            check(batch)
+            batch, size = [], 0
+    check(batch)
+    return found
