@@ -1,11 +1,13 @@
 """Spike alerts and their policies: log, skip, rollback (PaLM), stop, and the cap on skips."""
 
 import math
+import random
 
 import pytest
 
+from smelt.checkpoint import latest_checkpoint
 from smelt.model.transformer import Transformer
-from smelt.train.alerts import AlertPolicy, SpikeMonitor
+from smelt.train.alerts import AlertPolicy, SpikeMonitor, TrainingStopped
 from smelt.train.trainer import train
 
 from .test_trainer import data, read_metrics, tiny_config  # noqa: F401 - the data fixture
@@ -44,8 +46,48 @@ def test_skip_cap_and_state_round_trip():
         SpikeMonitor(AlertPolicy(on_grad_spike="panic"))
 
 
-def spike_at(monkeypatch, steps: set[int], micro_per_step: int) -> None:
-    """Multiply the loss by 100 during the given optimizer steps (counted through forward calls)."""
+def test_a_slow_climb_is_caught_against_the_statistics_from_before_it():
+    """A loss that climbs by less than its noise per step, its update applied each time ("log"): a
+    rolling mean and standard deviation rose with the climb and never flagged it; the trailing median
+    and MAD stay where the loss was before it began."""
+    monitor, noise = SpikeMonitor(AlertPolicy(window=100, min_history=20)), random.Random(0)
+    for _ in range(100):
+        monitor.applied(6.9 + noise.gauss(0, 0.05), 1.0)
+    flagged, messages = [], []
+    for k in range(1, 101):
+        loss = 6.9 + noise.gauss(0, 0.05) + 0.02 * k  # 6.9 -> 8.9 over 100 steps
+        alerts = [a for a in monitor.check(loss, 1.0) if a.kind == "loss_spike"]
+        flagged += [k] * len(alerts)
+        messages += [a.message for a in alerts]
+        monitor.applied(loss, 1.0)
+    assert flagged and flagged[0] <= 15  # within 0.3 of the climb's start (5 robust std of its noise)
+    assert len(flagged) >= 20
+    assert "robust std above its trailing median 6.89" in messages[0]
+
+
+def test_a_steep_climb_is_flagged_at_every_step():
+    monitor = SpikeMonitor(AlertPolicy(window=100, min_history=20))
+    for i in range(100):
+        monitor.applied(6.9 + 0.01 * (i % 5), 1.0)
+    losses = [6.9 * 1.1**k for k in range(1, 86)]  # to 22,000
+    flagged = []
+    for k, loss in enumerate(losses, 1):
+        flagged += [k for a in monitor.check(loss, 1.0) if a.kind == "loss_spike"]
+        monitor.applied(loss, 1.0)
+    assert flagged == list(range(1, 86))  # a mean and standard deviation stopped after 25
+
+
+def test_non_finite_figures_never_join_the_baseline():
+    monitor = SpikeMonitor(AlertPolicy(min_history=20))
+    warm(monitor)
+    monitor.consecutive_skips = 2
+    monitor.applied(float("nan"), float("inf"))  # an update applied under on_nonfinite = "log"
+    assert monitor.consecutive_skips == 0 and all(math.isfinite(v) for v in monitor.losses)
+    assert [a.kind for a in monitor.check(3.5, 1.0)] == ["loss_spike"]
+
+
+def spike_at(monkeypatch, steps: set[int], micro_per_step: int, factor: float = 100.0) -> None:
+    """Multiply the loss by `factor` during the given optimizer steps (counted through forward calls)."""
     real_forward = Transformer.forward
     calls = {"n": 0}
 
@@ -54,17 +96,23 @@ def spike_at(monkeypatch, steps: set[int], micro_per_step: int) -> None:
         if self.training and targets is not None:
             calls["n"] += 1
             if (calls["n"] - 1) // micro_per_step + 1 in steps:
-                loss = {k: v * 100 for k, v in loss.items()} if isinstance(loss, dict) else loss * 100
+                loss = {k: v * factor for k, v in loss.items()} if isinstance(loss, dict) else loss * factor
         return logits, loss
 
     monkeypatch.setattr(Transformer, "forward", spiky)
 
 
 @pytest.mark.slow
-def test_grad_spike_is_skipped(data, tmp_path, monkeypatch):  # noqa: F811
+def test_grad_spike_is_skipped(data, tmp_path, monkeypatch, capsys):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {7}, micro_per_step=2)
+    monkeypatch.delenv("SMELT_QUIET", raising=False)
     summary = train(tiny_config(alert_min_history=3, eval_every=0), tokens, tokenizer, tmp_path / "run")
+    err = capsys.readouterr().err
+    assert "warning: step 7 skipped (its update was dropped): grad norm" in err
+    assert (
+        'train.on_grad_spike = "skip"); 1 in a row, the run stops at 5 (train.max_consecutive_skips)' in err
+    )
     lines = read_metrics(tmp_path / "run")
     alerts = [r for r in lines if r.get("event") == "alert" and r["alert"] != "checkpoint_backlog"]
     assert {a["alert"] for a in alerts} == {"loss_spike", "grad_spike"} and {a["step"] for a in alerts} == {7}
@@ -73,11 +121,15 @@ def test_grad_spike_is_skipped(data, tmp_path, monkeypatch):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch):  # noqa: F811
+def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch, capsys):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {6}, micro_per_step=2)
     cfg = tiny_config(alert_min_history=3, eval_every=0, on_loss_spike="rollback")
+    monkeypatch.delenv("SMELT_QUIET", raising=False)
     summary = train(cfg, tokens, tokenizer, tmp_path / "run")
+    err = capsys.readouterr().err
+    assert "warning: step 6 rolled back to checkpoint step_0000004: loss" in err
+    assert '(train.on_loss_spike = "rollback")' in err and "; the data of steps 5-6 is skipped" in err
     lines = read_metrics(tmp_path / "run")
     rollback = [r for r in lines if r.get("event") == "rollback"]
     assert len(rollback) == 1 and rollback[0]["to_step"] == 4 and rollback[0]["skipped_steps"] == [5, 6]
@@ -95,6 +147,54 @@ def test_rollback_without_a_checkpoint_falls_back_to_skip(data, tmp_path, monkey
     lines = read_metrics(tmp_path / "run")
     assert any("no checkpoint to roll back to" in r.get("message", "") for r in lines)
     assert [r["step"] for r in lines if r.get("event") == "skip"] == [3] and summary["rollbacks"] == 0
+
+
+@pytest.mark.slow
+def test_a_non_finite_update_applied_under_log_stops_the_run(data, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """on_nonfinite = "log" applies a NaN update; the weights are then NaN, and the run stops at that
+    step (it used to train on to "done", exit 0, with NaN in most tensors of the final checkpoint)."""
+    tokens, tokenizer = data
+    spike_at(monkeypatch, {6}, micro_per_step=2, factor=float("nan"))
+    monkeypatch.delenv("SMELT_QUIET", raising=False)
+    out = tmp_path / "run"
+    with pytest.raises(
+        TrainingStopped, match="at step 6: the weights hold NaN or Inf after a non-finite"
+    ) as info:
+        train(tiny_config(eval_every=0, on_nonfinite="log"), tokens, tokenizer, out)
+    assert info.value.reason == "nonfinite_weights"
+    assert 'warning: step 6: loss is nan (train.on_nonfinite = "log"): the update was applied anyway' in (
+        capsys.readouterr().err
+    )
+    (end,) = [
+        r for r in read_metrics(out) if r.get("event") == "end"
+    ]  # the save of step 4 may commit after it
+    assert end == {**end, "event": "end", "status": "failed", "step": 6, "reason": "nonfinite_weights",
+                   "deterministic": True}  # fmt: skip
+    assert latest_checkpoint(out / "checkpoints").name == "step_0000004"  # nothing saved after the NaN
+
+
+@pytest.mark.slow
+def test_non_finite_weights_at_the_end_stop_before_the_final_checkpoint(data, tmp_path, monkeypatch):  # noqa: F811
+    from smelt.train import trainer
+
+    calls = {"n": 0}
+
+    def poison_after_last_update(model):  # called after every applied optimizer step
+        calls["n"] += 1
+        if calls["n"] == 12:
+            model.tok_emb.weight.data[0, 0] = float("inf")
+
+    monkeypatch.setattr(trainer, "update_expert_bias", poison_after_last_update)
+    tokens, tokenizer = data
+    out = tmp_path / "run"
+    with pytest.raises(TrainingStopped, match=r"step 12: the weights hold NaN or Inf at the end of training, in 1 "
+                       r"parameter tensor \(tok_emb.weight\)"):  # fmt: skip
+        train(tiny_config(eval_every=0), tokens, tokenizer, out)
+    records = read_metrics(out)
+    (end,) = [r for r in records if r.get("event") == "end"]
+    assert end["status"] == "failed" and end["reason"] == "nonfinite_weights" and end["deterministic"]
+    assert not [r for r in records if r.get("kind") == "eval"]  # no final validation of broken weights
+    assert latest_checkpoint(out / "checkpoints").name == "step_0000008"
 
 
 def test_spike_statistics_start_after_warmup():

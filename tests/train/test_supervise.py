@@ -13,7 +13,7 @@ import pytest
 
 from smelt.cli import build_parser, main
 from smelt.errors import UserError
-from smelt.train.supervise import backoff_s, child_command, describe_exit, supervise
+from smelt.train.supervise import STOPPED_EXIT_CODE, backoff_s, child_command, describe_exit, supervise
 
 # A fake training run: attempt k writes checkpoint step 10 k, then fails until attempt FAIL_UNTIL.
 CHILD = textwrap.dedent(
@@ -76,6 +76,46 @@ def test_bad_input_is_not_retried(tmp_path, capsys):
     assert outcome.exit_code == 2 and outcome.exit_codes == [2]
     assert "not restarting" in capsys.readouterr().err
     assert events(log)[-1]["event"] == "stopped"
+
+
+# A training run that stops itself (non-finite weights): its end record, then a save that committed
+# while it closed, then exit 1 as the CLI gives any failure while running.
+STOPPING_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    train = Path(sys.argv[1])
+    train.mkdir(parents=True, exist_ok=True)
+    with open(train / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "event", "step": 6, "event": "end", "status": "failed",
+                            "reason": "nonfinite_weights", "deterministic": True, "time": time.time(),
+                            "error": "training stopped at step 6: the weights hold NaN or Inf"}) + "\\n")
+        f.write(json.dumps({"kind": "event", "step": 4, "event": "checkpoint"}) + "\\n")
+    sys.exit(1)
+    """
+)
+
+
+def test_a_run_that_stopped_itself_is_not_restarted(tmp_path, capsys):
+    log = tmp_path / "restarts.jsonl"
+    child = [sys.executable, "-c", STOPPING_CHILD, str(tmp_path / "train")]
+    outcome = supervise(child, tmp_path / "train" / "checkpoints", log, 3, sleep=lambda s: None)
+    assert outcome.exit_code == STOPPED_EXIT_CODE and outcome.exit_codes == [1]
+    err = capsys.readouterr().err
+    assert "not restarting: the run stopped itself at step 6 (nonfinite_weights; the message above" in err
+    assert [e["event"] for e in events(log)] == ["launch", "exit", "deterministic_stop", "stopped"]
+    assert events(log)[2] == {**events(log)[2], "step": 6, "reason": "nonfinite_weights"}
+
+
+def test_an_earlier_runs_stop_does_not_stop_restarts(tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    old_end = {"event": "end", "status": "failed", "deterministic": True, "time": time.time() - 3600}
+    (train / "metrics.jsonl").write_text(json.dumps(old_end) + "\n")
+    log = tmp_path / "restarts.jsonl"
+    crash = [sys.executable, "-c", "raise SystemExit(1)"]  # dies before writing anything
+    outcome = supervise(crash, train / "checkpoints", log, 1, backoff_base_s=0, sleep=lambda s: None)
+    assert outcome.exit_code == 1 and outcome.exit_codes == [1, 1]
 
 
 def test_sigterm_is_forwarded_to_the_child_and_stops_restarts(tmp_path, capsys):

@@ -245,3 +245,17 @@ class UpdateRatioMonitor:
             }
             for i, (name, _) in enumerate(self.named)
         }
+
+
+def nonfinite_parameters(model: nn.Module) -> tuple[int, list[str]]:
+    """How many parameter tensors hold a NaN or Inf, summed over the ranks of a torchrun launch (each
+    looks at its own shards or pipeline stage; a tensor that several ranks hold counts on each), and
+    the names of this rank's. Every rank must call it: one all-reduce, one device sync."""
+    named = [(name.removeprefix("module."), _local(p.detach())) for name, p in model.named_parameters()]
+    if not named:
+        return 0, []
+    finite = torch.stack([torch.isfinite(t).all() for _, t in named])
+    count = (~finite).sum().float().reshape(1)
+    all_reduce_sum(count)
+    names = [name for (name, _), ok in zip(named, finite.tolist(), strict=True) if not ok]
+    return int(count.item()), names

@@ -3,8 +3,11 @@
 The supervisor runs the training command as a child process. When the child dies (a crash, an
 out-of-memory kill, the watchdog), it waits an exponential backoff and launches the same command
 again; the train stage resumes an interrupted run from the latest committed checkpoint on its own.
-Bad input (exit code 2) is not retried: the same config fails the same way. After N restarts it
-gives up with a summary and exit code 1.
+Bad input (exit code 2) is not retried: the same config fails the same way. Nor is a run that
+stopped itself on purpose (an `on_* = "stop"` alert, too many skipped steps in a row, non-finite
+weights): its end record in metrics.jsonl says `"deterministic": true`, since a restart from the
+last checkpoint would replay the same data to the same stop; the supervisor then exits with
+STOPPED_EXIT_CODE. After N restarts it gives up with a summary and exit code 1.
 
 Every launch and exit goes to RUN/restarts.jsonl (the child owns RUN/train/metrics.jsonl). The
 child sees SMELT_ATTEMPT=1, 2, ... in its environment.
@@ -46,7 +49,11 @@ RESTARTS_LOG = "restarts.jsonl"
 DEFAULT_BACKOFF_S = 5.0
 MAX_BACKOFF_S = 300.0
 BAD_INPUT_EXIT_CODE = 2
+# The supervisor's exit code after a child stopped the run on purpose (train/alerts.py's TrainingStopped).
+STOPPED_EXIT_CODE = 3
 INTERRUPTED_EXIT_CODE = 130
+# How much of the end of metrics.jsonl is read for the child's end record.
+_TAIL_BYTES = 1 << 16
 
 
 def backoff_s(restart: int, base_s: float, cap_s: float = MAX_BACKOFF_S) -> float:
@@ -101,6 +108,28 @@ def checkpoint_step(checkpoints_dir: Path) -> tuple[int | None, Path | None]:
         return None, path
 
 
+def deterministic_stop(metrics_path: Path, since: float) -> dict[str, Any] | None:
+    """The end record of a run that stopped itself in a way a restart would repeat, when it is the
+    last end record of `metrics_path` and was written at or after `since` (a wall-clock time); else
+    None. Only the file's tail is read; the events of a save that committed while the run was
+    closing may follow the end record."""
+    try:
+        with open(metrics_path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - _TAIL_BYTES))
+            lines = handle.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut by a crash, or the first, cut by the seek
+            continue
+        if isinstance(record, dict) and record.get("event") == "end":
+            fresh = float(record.get("time") or 0.0) >= since
+            return record if fresh and record.get("deterministic") is True else None
+    return None
+
+
 def supervise(
     command: Sequence[str],
     checkpoints_dir: Path,
@@ -114,8 +143,10 @@ def supervise(
 ) -> Outcome:
     """Run `command` and relaunch `restart_command` (default: the same) after each crash, at most
     `max_restarts` times. Returns the Outcome; its exit_code is 0 on success, 1 after giving up,
-    2 for bad input, 128 + the signal number when stopped by SIGINT or SIGTERM. `sleep` replaces the
-    backoff wait (tests); by default a SIGTERM cuts the wait short."""
+    2 for bad input, STOPPED_EXIT_CODE when the run stopped itself in a way a restart would repeat
+    (its end record in checkpoints_dir/../metrics.jsonl says so), 128 + the signal number when
+    stopped by SIGINT or SIGTERM. `sleep` replaces the backoff wait (tests); by default a SIGTERM cuts
+    the wait short."""
     if max_restarts < 0:
         raise UserError(f"--max-restarts {max_restarts} must be 0 or more.")
     if backoff_base_s < 0:
@@ -141,7 +172,7 @@ def supervise(
             argv = list(command if attempt == 1 or restart_command is None else restart_command)
             _record(log_path, {"event": "launch", "attempt": attempt, "resume_step": step,
                                "checkpoint": str(path) if path else None, "command": argv})  # fmt: skip
-            started = time.monotonic()
+            started, launched_at = time.monotonic(), time.time()
             child = subprocess.Popen(argv, env={**(env or os.environ), "SMELT_ATTEMPT": str(attempt)})
             try:
                 code = child.wait()
@@ -163,6 +194,17 @@ def supervise(
             if code == BAD_INPUT_EXIT_CODE:
                 outcome.exit_code = BAD_INPUT_EXIT_CODE
                 _say("supervisor: not restarting: a run that stops on bad input fails the same way again")
+                break
+            stop = deterministic_stop(checkpoints_dir.parent / "metrics.jsonl", launched_at - 1.0)
+            if stop is not None:
+                outcome.exit_code = STOPPED_EXIT_CODE
+                _record(log_path, {"event": "deterministic_stop", "attempt": attempt, "step": stop.get("step"),
+                                   "reason": stop.get("reason")})  # fmt: skip
+                _say(
+                    f"supervisor: not restarting: the run stopped itself at step {stop.get('step')} "
+                    f"({stop.get('reason')}; the message above says why), and a restart from its last "
+                    f"checkpoint would replay the same data to the same stop"
+                )
                 break
             restart = attempt  # restarts so far + 1
             if restart > max_restarts:

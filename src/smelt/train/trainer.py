@@ -304,7 +304,9 @@ class Trainer:
             self.out_dir / "metrics.jsonl", enabled=ctx.is_main, append=self.resume_from is not None,
             sinks=metric_sinks(self.cfg, self.out_dir) if ctx.is_main else None,
         )  # fmt: skip
-        self.alerts = AlertDispatch(self.spikes, self.checkpointer, self.metrics, self.scaler, self.fail)
+        self.alerts = AlertDispatch(
+            self.spikes, self.checkpointer, self.metrics, self.scaler, self.out_dir.parent
+        )
         self.inloop = inloop_evaluator(self.cfg, self.tokenizer_dir, self.device)
 
     # --- one step ---------------------------------------------------------------------------------
@@ -358,17 +360,11 @@ class Trainer:
             else:
                 self.optimizer.step()
             update_expert_bias(self.model)  # MoE auxiliary-loss-free balancing (no-op otherwise)
-            self.spikes.applied(loss, norm)
+            self.alerts.applied(step, tokens, decision, loss, norm, lr, self.model)
         elif action == "rollback":
-            self.alerts.rollback(step, tokens, self.model, self.optimizer)
+            self.alerts.rollback(step, tokens, decision, self.model, self.optimizer)
         if action in ("skip", "rollback"):
-            hint = (
-                f"(lr {lr:.3g}). Lower train.lr, raise train.warmup_tokens or check the data; then continue "
-                f"from the last good checkpoint as a fork (`smelt train CONFIG --from {self.out_dir.parent} "
-                f"--set run.name=NEW_NAME`) or start over with --restart (the old train/ is moved "
-                f"to superseded/, not deleted)."
-            )
-            self.alerts.count_skip(step, tokens, decision, loss, norm, hint)
+            self.alerts.count_skip(step, tokens, decision, loss, norm, lr)
         self.optimizer.zero_grad(set_to_none=True)
         if ratios is not None and ratios.before is not None:
             self.metrics.write({"kind": "layers", "step": step, "tokens": tokens, "layers": ratios.measure()})
@@ -466,8 +462,9 @@ class Trainer:
     # --- finish -----------------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """The final validation and checkpoint, and the run's end record."""
+        """The final validation and checkpoint, and the run's end record; non-finite weights stop here."""
         plan, budget, train_time = self.plan, self.eval_budget, self.window.train_time
+        self.alerts.check_weights(plan.steps, plan.tokens, self.model, "at the end of training")
         self.last_val = self.evaluate(plan.steps, train_time, final=True)
         if self.ctx.is_main and self.validation is not None:
             say(budget_note(budget, train_time))
@@ -488,12 +485,6 @@ class Trainer:
         self.loader.close()
         self.bar.close()
         self.metrics.close()
-
-    def fail(self, step: int, message: str) -> RuntimeError:
-        """The run's failed end record; returns the error to raise."""
-        self.metrics.write({"kind": "event", "step": step, "tokens": self.plan.tokens_at(step),
-                            "event": "end", "status": "failed", "error": message})  # fmt: skip
-        return RuntimeError(message)
 
     def write_all(self, records: Any) -> None:
         for record in records:
