@@ -65,6 +65,14 @@ class _Pending:
     done: Future
 
 
+# PyTorch 2.11's DefaultStager closes its state-dict stager at the end of every stage, so a second
+# async_save through the same stager fails with KeyError: <class 'type'> (pytorch/pytorch#183413; 2.13
+# keeps it open). There each save gets a new stager, and pinned host buffers are allocated anew.
+STAGER_REUSABLE = (
+    not (2, 11) <= tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13)
+)
+
+
 def staging_options(device_type: str) -> StagingOptions:
     """How an async save copies tensors to the host: CUDA tensors into pinned buffers with
     non-blocking copies (the copy overlaps the next step's kernels), others by plain copies."""
@@ -160,6 +168,9 @@ class Checkpointer:
         return events
 
     def _stager(self, model: torch.nn.Module) -> DefaultStager:
+        if self.stager is not None and not STAGER_REUSABLE:
+            self.stager.close()
+            self.stager = None
         if self.stager is None:
             self.stager = DefaultStager(staging_options(next(model.parameters()).device.type))
         return self.stager

@@ -77,6 +77,7 @@ from smelt.train.setup import (
     metric_sinks,
     read_vocab_size,
     resolve_device,
+    set_deterministic,
 )
 from smelt.train.speed import training_forward
 from smelt.train.step import finish_grads, forward_backward
@@ -97,6 +98,7 @@ def train(
     tokens_dir, tokenizer_dir, out_dir = Path(tokens_dir), Path(tokenizer_dir), Path(out_dir)
     tc = cfg.train
     resolve_device(tc.device)  # validates the name with a clear message
+    set_deterministic(tc.deterministic)
     _, _, local_rank = env_world()
     device = device_for(tc.device, local_rank)
     ctx = init_distributed(device)
@@ -338,7 +340,9 @@ class Trainer:
         )  # fmt: skip
         self.window.add_sources(source_sums)
         norm_t = finish_grads(self.model, self.optimizer, self.scaler, tc.grad_clip, self.sharded)
-        loss, norm = (float(v) for v in torch.stack([loss_t.float(), norm_t.float().cpu()]).tolist())
+        loss, norm = (
+            float(v) for v in torch.stack([loss_t.float(), norm_t.float().to(loss_t.device)]).tolist()
+        )
         self.window.ranks.synced(time.perf_counter() - synced)
         return loss, norm
 
