@@ -41,19 +41,21 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
-# (name, seconds it may take at most on the GPU, the items whose outputs it reads), in running order:
-# the cheap checks of the product first, the long compiled 124M runs last.
-ITEMS: list[tuple[str, int, tuple[str, ...]]] = [
-    ("quickstart", 150, ()),
-    ("export_hf", 60, ("quickstart",)),
-    ("posttrain", 120, ("quickstart",)),
-    ("kill_resume", 90, ("quickstart",)),
-    ("fsdp_1gpu", 60, ()),
-    ("checkpoint_stall", 60, ()),
-    ("pytest_gpu", 120, ()),
-    ("model_124m", 240, ("quickstart",)),
+# (name, seconds it may take at most on the GPU, the items whose outputs it reads, whether its figures
+# are timings that need the GPU to itself). The untimed items run side by side (--jobs) once the
+# quickstart they read is done; the timed ones run alone, after them. The caps come from an H200
+# (docs/benchmarks.md, "GPU"): quickstart 90 s, export 35 s, FSDP2 31 s, pytest 83 s, stall 58 s.
+ITEMS: list[tuple[str, int, tuple[str, ...], bool]] = [
+    ("quickstart", 180, (), True),
+    ("export_hf", 120, ("quickstart",), False),
+    ("posttrain", 300, ("quickstart",), False),
+    ("kill_resume", 240, ("quickstart",), False),
+    ("fsdp_1gpu", 120, (), False),
+    ("pytest_gpu", 240, (), False),
+    ("checkpoint_stall", 120, (), True),
+    ("model_124m", 360, ("quickstart",), True),
 ]
-ITEM_NAMES = [name for name, _, _ in ITEMS]
+ITEM_NAMES = [item[0] for item in ITEMS]
 
 NO_CUDA = (
     "error: `make gpu-check` proves smelt's CUDA path (training, checkpoints, resume, export, "
@@ -69,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", default="", help=f"comma-separated items (of {', '.join(ITEM_NAMES)})")
     p.add_argument("--work", default="", help="scratch directory for the runs (default: a new temp dir)")
     p.add_argument("--budget-s", type=float, default=480.0, help="wall-time budget for all items")
+    p.add_argument("--jobs", type=int, default=0, help="untimed items side by side (default 4 on a GPU, "
+                   "1 with --dry-run)")  # fmt: skip
     p.add_argument("--out", default="", help="result file (default bench/results/gpu_check.json; "
                    "with --dry-run, WORK/gpu_check.json)")  # fmt: skip
     p.add_argument("--item", default="", help=argparse.SUPPRESS)  # the child process of one item
@@ -83,33 +87,96 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_item_process(name: str, args: argparse.Namespace, work: Path, timeout_s: float) -> dict[str, Any]:
-    """One item in its own process group; its result file, or FAIL with why it has none."""
-    result_file = work / "items" / f"{name}.json"
-    result_file.unlink(missing_ok=True)
-    log = work / "items" / f"{name}.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "--item", name, "--work", str(work)]
-    if args.dry_run:
-        command.append("--dry-run")
-    started = time.perf_counter()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env(),
-                                cwd=REPO, start_new_session=True)  # fmt: skip
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    seconds = round(time.perf_counter() - started, 1)
-    if result_file.is_file():
-        result = json.loads(result_file.read_text())
-    else:
-        tail = log.read_text(errors="replace")[-1500:]
-        why = f"timed out after {timeout_s:.0f} s" if proc.returncode == -signal.SIGKILL else (
-            f"exited {proc.returncode} without a result")  # fmt: skip
-        result = {"status": "FAIL", "error": f"{why}; log tail: {tail}", "figures": {}}
-    result["wall_s"] = seconds
-    return result
+class ItemProcess:
+    """One item running in its own process group, with its deadline."""
+
+    def __init__(self, name: str, args: argparse.Namespace, work: Path, timeout_s: float) -> None:
+        self.name, self.work, self.timeout_s = name, work, timeout_s
+        self.result_file = work / "items" / f"{name}.json"
+        self.result_file.unlink(missing_ok=True)
+        self.log = work / "items" / f"{name}.log"
+        command = [sys.executable, str(Path(__file__).resolve()), "--item", name, "--work", str(work)]
+        if args.dry_run:
+            command.append("--dry-run")
+        self.started = time.perf_counter()
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env(),
+                                         cwd=REPO, start_new_session=True)  # fmt: skip
+        self.killed = False
+
+    def poll(self) -> bool:
+        """True once the process has ended (killed at its deadline if need be)."""
+        if self.proc.poll() is not None:
+            return True
+        if time.perf_counter() - self.started > self.timeout_s:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.killed = True
+            return True
+        return False
+
+    def result(self) -> dict[str, Any]:
+        """Its result file, or FAIL with why it has none (and whatever figures it had written so far)."""
+        if self.result_file.is_file():
+            result = json.loads(self.result_file.read_text())
+        else:
+            tail = self.log.read_text(errors="replace")[-1500:]
+            why = f"timed out after {self.timeout_s:.0f} s" if self.killed else (
+                f"exited {self.proc.returncode} without a result")  # fmt: skip
+            partial = self.work / "items" / f"{self.name}.partial.json"
+            figures = json.loads(partial.read_text()) if partial.is_file() else {}
+            result = {"status": "FAIL", "error": f"{why}; log tail: {tail}", "figures": figures}
+        result["wall_s"] = round(time.perf_counter() - self.started, 1)
+        return result
+
+
+def run_items(args: argparse.Namespace, work: Path, names: list[str], deadline: float) -> dict[str, Any]:
+    """Run the items: those that read another's output once it passed, the untimed ones --jobs at a
+    time, a timed one only with nothing else running. Returns each item's result."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in ITEM_NAMES:  # an item not run now counts as its last result in this work directory
+        earlier = work / "items" / f"{name}.json"
+        if name not in names and earlier.is_file():
+            results[name] = json.loads(earlier.read_text())
+    pending = [item for item in ITEMS if item[0] in names]
+    running: list[tuple[ItemProcess, bool]] = []
+    while pending or running:
+        for proc, timed in list(running):
+            if proc.poll():
+                running.remove((proc, timed))
+                results[proc.name] = proc.result()
+                report(proc.name, results[proc.name])
+        for item in list(pending):
+            name, cap_s, needs, timed = item
+            failed = [n for n in needs if n in results and results[n]["status"] != "PASS"]
+            missing = [n for n in needs if n not in names and n not in results]
+            if failed or missing:
+                why = f"needs {', '.join(failed or missing)}, which " + (
+                    "did not pass" if failed else "has not run in this work directory")  # fmt: skip
+                results[name] = {"status": "SKIP", "error": why, "figures": {}}
+            elif deadline - time.perf_counter() < 10:
+                results[name] = {"status": "SKIP", "error": "out of time (--budget-s)", "figures": {}}
+            elif any(n not in results for n in needs):
+                continue  # what it reads is still running
+            elif running and (timed or any(t for _, t in running) or len(running) >= args.jobs):
+                continue
+            else:
+                timeout = min(cap_s, deadline - time.perf_counter())
+                print(f"== {name} (at most {timeout:.0f} s{'' if timed else ', beside others'})", flush=True)
+                running.append((ItemProcess(name, args, work, timeout), timed))
+                pending.remove(item)
+                continue
+            pending.remove(item)
+            report(name, results[name])
+        time.sleep(0.2)
+    return {name: results[name] for name in names if name in results}
+
+
+def report(name: str, result: dict[str, Any]) -> None:
+    print(
+        f"   {name}: {result['status']} {result.get('wall_s', '')} s {result.get('error', '')[:300]}",
+        flush=True,
+    )
 
 
 def flatten(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -150,30 +217,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --only names no item {', '.join(unknown)}; the items are {', '.join(ITEM_NAMES)}.",
               file=sys.stderr)  # fmt: skip
         return 2
+    args.jobs = args.jobs or (1 if args.dry_run else 4)
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="smelt-gpu-check-"))
     (work / "items").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    deadline = started + args.budget_s
-    results: dict[str, dict[str, Any]] = {}
-    for name, cap_s, needs in ITEMS:
-        if only and name not in only:
-            continue
-        failed_needs = [n for n in needs if n in results and results[n]["status"] != "PASS"]
-        missing = [n for n in needs if n not in results and not (work / "items" / f"{n}.json").is_file()]
-        left = deadline - time.perf_counter()
-        if failed_needs or missing:
-            why = f"needs {', '.join(failed_needs or missing)}, which " + (
-                "did not pass" if failed_needs else "has not run in this work directory")  # fmt: skip
-            results[name] = {"status": "SKIP", "error": why, "figures": {}}
-        elif left < 10:
-            results[name] = {"status": "SKIP", "error": "out of time (--budget-s)", "figures": {}}
-        else:
-            print(f"== {name} (at most {min(cap_s, left):.0f} s)", flush=True)
-            results[name] = run_item_process(name, args, work, min(cap_s, left))
-        status = results[name]
-        print(
-            f"   {status['status']} {status.get('wall_s', '')} s {status.get('error', '')[:300]}", flush=True
-        )
+    results = run_items(args, work, only or ITEM_NAMES, started + args.budget_s)
     overall = "PASS" if all(r["status"] == "PASS" for r in results.values()) else "FAIL"
     figures: dict[str, Any] = {
         "overall": overall,

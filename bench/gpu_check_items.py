@@ -37,6 +37,11 @@ class CheckFailed(Exception):
 class Context:
     work: Path
     dry: bool
+    item: str = ""
+
+    def partial(self, figures: dict[str, Any]) -> None:
+        """The figures so far, which the parent reports if this item runs out of time."""
+        (self.work / "items" / f"{self.item}.partial.json").write_text(json.dumps(figures, default=str))
 
     @property
     def runs(self) -> Path:
@@ -71,12 +76,12 @@ def smelt_command(*args: str) -> list[str]:
 def smelt(ctx: Context, log_name: str, *args: str, timeout: float = 600) -> str:
     """Run one smelt command to its end; its output goes to WORK/logs/LOG_NAME.log. A nonzero exit
     raises with the end of that output."""
-    logs = ctx.work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(smelt_command(*args), cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
-    text = proc.stdout + proc.stderr
-    (logs / f"{log_name}.log").write_text(text)
+    log = ctx.work / "logs" / f"{log_name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as out:  # written as it goes: an item killed at its deadline leaves its log
+        proc = subprocess.run(smelt_command(*args), cwd=REPO, env=env(), stdout=out, stderr=subprocess.STDOUT,
+                              timeout=timeout)  # fmt: skip
+    text = log.read_text(errors="replace")
     if proc.returncode != 0:
         raise RuntimeError(f"`smelt {' '.join(map(str, args))}` exited {proc.returncode}: {text[-1200:]}")
     return text
@@ -271,8 +276,9 @@ def committed_steps(run: Path) -> list[int]:
 
 
 def kill_resume(ctx: Context) -> dict[str, Any]:
-    steps, every = (12, 4) if ctx.dry else (300, 100)
-    kill_after = every + (2 if ctx.dry else 30)
+    # On an H200 a small-5m step took about 50 ms and each run about 10 s to start (docs/benchmarks.md).
+    steps, every = (12, 4) if ctx.dry else (160, 50)
+    kill_after = every + (2 if ctx.dry else 20)
     overrides = {
         "model.preset": "tiny-1m" if ctx.dry else "small-5m",
         "train.tokens": steps * 4096,
@@ -518,6 +524,8 @@ def pytest_gpu(ctx: Context) -> dict[str, Any]:
               or c.find("error") is not None]  # fmt: skip
     figures = {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
                "failed_tests": failed}  # fmt: skip
+    for prop in suite.iter("property"):  # what a test measured (record_property): compile's cost on CUDA
+        figures[prop.get("name")] = prop.get("value")
     if proc.returncode != 0:
         raise CheckFailed(f"pytest -m gpu exited {proc.returncode}: {', '.join(failed)} "
                           f"{proc.stdout[-800:]}", figures)  # fmt: skip
@@ -578,6 +586,7 @@ def model_124m(ctx: Context) -> dict[str, Any]:
             "device": summary.get("device"),
             "params": summary.get("params_total"),
         }
+        ctx.partial(figures)
     model_cfg = preset_config(preset, max_seq_len=seq)
     predicted = memory(ModelShape.from_config(model_cfg, vocab), Layout(recompute="none", micro_batch=micro,
                                                                         seq_len=seq))  # fmt: skip
@@ -614,7 +623,8 @@ ITEMS = {
 
 def run_item(name: str, work: Path, dry_run: bool) -> int:
     """Run one item and write WORK/items/NAME.json: status, figures, error."""
-    ctx = Context(Path(work), dry_run)
+    ctx = Context(Path(work), dry_run, name)
+    (ctx.work / "items" / f"{name}.partial.json").unlink(missing_ok=True)
     (ctx.work / "logs").mkdir(parents=True, exist_ok=True)
     result: dict[str, Any]
     try:
