@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from smelt.lifecycle import LAYOUT_KEYS
 from smelt.plan.memory import Layout
 
 
@@ -18,6 +19,9 @@ def train_keys(layout: Layout, global_batch_tokens: int) -> tuple[dict[str, Any]
     stages are train.pipeline_parallel with the 1F1B schedule (the default, train.pipeline_schedule),
     which the plan's activation memory assumes; a pipelined model must have untied embeddings
     (`smelt train --check` names model.tie_embeddings otherwise).
+
+    The parallel keys are the run's layout (lifecycle.LAYOUT_KEYS): a run resumes from its checkpoints
+    under another layout. seq_len, micro_batch and batch_tokens are its plan, kept for its whole life.
     """
     keys: dict[str, Any] = {
         "parallel": "fsdp" if layout.zero >= 1 else "ddp",
@@ -46,6 +50,12 @@ def print_train_keys(layout: Layout, global_batch_tokens: int) -> dict[str, Any]
     keys, not_built = train_keys(layout, global_batch_tokens)
     print(
         f"\nthe layout as config keys (`smelt train --check` checks them):\n{train_keys_toml(layout, global_batch_tokens)}"
+    )
+    layout = ", ".join(key for key in keys if key in LAYOUT_KEYS)
+    plan = ", ".join(key for key in keys if key not in LAYOUT_KEYS)
+    print(
+        f"# {layout}: the layout, which an interrupted run may change when it resumes;\n"
+        f"# {plan}: the plan, kept for the run's life"
     )
     for missing in not_built:
         print(f"\nnot built: {missing}")

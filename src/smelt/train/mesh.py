@@ -94,10 +94,17 @@ def layout_for(cfg: Config, world_size: int) -> MeshLayout:
         or "train.tensor_parallel (1)"
     )
     if world_size < inner or world_size % inner:
+        lower = " and ".join(
+            f"train.{key} = {_largest_divisor(size, world_size)}"
+            for key, size in (("pipeline_parallel", pp), ("context_parallel", cp), ("tensor_parallel", tp))
+            if size > 1 and world_size % size
+        )
         raise ConfigError(
             f"{named} = {inner} processes per model replica, which does not divide the {world_size} "
             f"processes of this launch. Launch a multiple of {inner} processes "
-            f"(`torchrun --nproc-per-node {inner} -m smelt.cli train CONFIG`), or lower those keys."
+            f"(`torchrun --nproc-per-node {inner} -m smelt.cli train CONFIG`), or lower those keys "
+            f"({lower or f'so that their product divides {world_size}'}); they are the run's layout, not its plan, so an "
+            f"interrupted run resumes from its checkpoints under the new layout (docs/distributed.md)."
         )
     if dp and dp * inner != world_size:
         raise ConfigError(
@@ -112,6 +119,11 @@ def layout_for(cfg: Config, world_size: int) -> MeshLayout:
     if tc.parallel == "fsdp":
         return MeshLayout(dp_shard=dp, tp=tp, pp=pp, cp=cp)
     return MeshLayout(dp_replicate=dp, tp=tp, pp=pp, cp=cp)
+
+
+def _largest_divisor(size: int, world_size: int) -> int:
+    """The largest degree up to `size` that divides `world_size` (1 at least)."""
+    return max(d for d in range(1, size + 1) if world_size % d == 0)
 
 
 def check_pipeline_parallel(cfg: Config, dp: int = 1) -> None:
