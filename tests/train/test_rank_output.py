@@ -292,7 +292,7 @@ def test_two_ranks_print_once_and_share_rank_0s_peak(tmp_path, monkeypatch):
         assert main([*words, str(config)]) == 0
     monkeypatch.delenv("SMELT_PEAK_FLOPS", raising=False)  # so that the peak is measured
     done = torchrun("--log-dir", str(tmp_path / "logs"), "--redirects", "3", __file__, "train", str(config),
-                    env={"RANK_OUTPUT_DIR": str(tmp_path)})  # fmt: skip
+                    env={"RANK_OUTPUT_DIR": str(tmp_path), "SMELT_CACHE_DIR": str(tmp_path / "cache")})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
 
     out0, err0 = rank_logs(tmp_path / "logs", 0)

@@ -1,15 +1,25 @@
 """Mixed precision: which autocast dtype to use where, the GradScaler for fp16, and peak FLOP/s for MFU.
 
 Master weights and optimizer state always stay fp32; autocast only lowers the matmuls.
+
+The peak that MFU divides by is one figure per machine, with its source: $SMELT_PEAK_FLOPS ("env"); on
+CUDA a table by device name ("table"); on CPU a matmul benchmark measured once on a quiet machine and
+cached with its date in ~/.cache/smelt/peak_flops.json ($SMELT_CACHE_DIR, else $XDG_CACHE_HOME/smelt),
+keyed by CPU model, precision and thread count ("cached DATE"). A measurement taken while other
+processes used the CPUs is used for that run only and not cached ("measured-now, busy ..."), so two
+runs of the same work on the same machine report the same MFU.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
+import datetime
+import json
 import os
+import platform
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -70,25 +80,141 @@ def resolve_precision(requested: str, device: torch.device) -> Precision:
     return Precision(requested, device.type)
 
 
-def peak_flops(device: torch.device, precision: Precision) -> float | None:
-    """The dense peak FLOP/s MFU is measured against, or None when unknown.
+@dataclass(frozen=True)
+class Peak:
+    flops: float | None
+    source: (
+        str | None
+    )  # "env", "table", "cached YYYY-MM-DD", "measured-now" (cached), "measured-now, busy ..."
 
-    CUDA: a table by device name. CPU: $SMELT_PEAK_FLOPS if set, else a short matmul measurement.
-    """
-    env = os.environ.get("SMELT_PEAK_FLOPS")
+
+# Other processes may use at most this share of the machine's CPU time while the peak is measured for the
+# figure to be cached: they only ever slow a measurement down.
+QUIET_SHARE = 0.1
+CACHE_FILE = "peak_flops.json"
+_resolved: dict[tuple[str, str, int, str, str], Peak] = {}
+_last: list[Peak] = []
+
+
+def peak_flops(device: torch.device, precision: Precision) -> float | None:
+    """The dense peak FLOP/s MFU is measured against, or None when unknown (resolve_peak says whence)."""
+    return resolve_peak(device, precision).flops
+
+
+def peak_source() -> str | None:
+    """Where the last peak this process resolved came from (None before any, as on ranks other than 0,
+    which use rank 0's figure)."""
+    return _last[-1].source if _last else None
+
+
+def resolve_peak(device: torch.device, precision: Precision) -> Peak:
+    """The peak and its source, once per process for each device, precision and thread count."""
+    env = os.environ.get("SMELT_PEAK_FLOPS", "")
+    key = (str(device), precision.name, torch.get_num_threads(), env, str(cache_path()))
+    if key not in _resolved:
+        _resolved[key] = _resolve(device, precision.name, key[2], env)
+    _last.append(_resolved[key])
+    return _resolved[key]
+
+
+def _resolve(device: torch.device, precision: str, threads: int, env: str) -> Peak:
     if env:
-        return float(env)
+        try:
+            return Peak(float(env), "env")
+        except ValueError:
+            raise ConfigError(
+                f"SMELT_PEAK_FLOPS = {env!r} is not a number; set it to the peak FLOP/s of one device "
+                f"(e.g. 989e12), or unset it to use the table (CUDA) or the cached measurement (CPU)."
+            ) from None
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        return next((peak for key, peak in CUDA_PEAK_FLOPS.items() if key in name), None)
+        found = next((peak for key, peak in CUDA_PEAK_FLOPS.items() if key in name), None)
+        return Peak(found, "table" if found else None)
     if device.type == "cpu":
-        return measure_cpu_matmul_flops(precision.name, torch.get_num_threads())
-    return None
+        return cpu_peak(precision, threads)
+    return Peak(None, None)
 
 
-@functools.cache
+def cache_path() -> Path:
+    if os.environ.get("SMELT_CACHE_DIR"):
+        return Path(os.environ["SMELT_CACHE_DIR"]) / CACHE_FILE
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "smelt" / CACHE_FILE
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux), else what the platform reports."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_peak(precision: str, threads: int) -> Peak:
+    """The cached peak of this CPU model, precision and thread count; else measured now, and cached when
+    other processes left the CPUs alone while it ran."""
+    key = f"{cpu_model()} | {precision} | {threads} threads"
+    path = cache_path()
+    cache = _read_cache(path)
+    entry = cache.get(key)
+    if isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and entry["flops"] > 0:
+        return Peak(float(entry["flops"]), f"cached {entry.get('measured', '?')}")
+    flops, others = measure_while_watching(precision, threads)
+    if others is not None and others > QUIET_SHARE:
+        return Peak(
+            flops,
+            f"measured-now, busy (other processes used {100 * others:.0f}% of the CPUs; not cached, so "
+            f"the next run measures again; set SMELT_PEAK_FLOPS for a fixed figure)",
+        )
+    cache[key] = {
+        "flops": flops,
+        "measured": datetime.date.today().isoformat(),
+        "others_cpu_share": None if others is None else round(others, 4),
+        "torch": torch.__version__,
+    }
+    with contextlib.suppress(OSError):  # a read-only home: the figure is still this run's
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+        tmp.replace(path)
+    return Peak(flops, "measured-now")
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _cpu_times() -> tuple[int, int, int] | None:
+    """(machine busy ticks, machine total ticks, this process's ticks) from /proc, or None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return total - idle, total, int(own[11]) + int(own[12])  # utime + stime of every thread
+
+
+def measure_while_watching(precision: str, threads: int) -> tuple[float, float | None]:
+    """The matmul peak, and the share of the machine's CPU time other processes used meanwhile (None
+    where /proc cannot say)."""
+    before = _cpu_times()
+    flops = measure_cpu_matmul_flops(precision, threads, seconds=1.0)
+    after = _cpu_times()
+    if before is None or after is None or after[1] <= before[1]:
+        return flops, None
+    others = (after[0] - before[0]) - (after[2] - before[2])
+    return flops, max(0.0, others / (after[1] - before[1]))
+
+
 def measure_cpu_matmul_flops(precision: str, threads: int, size: int = 1024, seconds: float = 0.5) -> float:
-    """Peak FLOP/s of size x size matmuls in the given precision on `threads` threads (~0.5 s).
+    """Peak FLOP/s of size x size matmuls in the given precision on `threads` threads (~`seconds`).
 
     The best of many short bursts, not the mean: other processes on the machine only ever slow a
     burst down, so the fastest one is the closest to what the hardware can do.

@@ -14,6 +14,7 @@ from smelt.manifest import write_json
 from smelt.model.flops import mfu
 from smelt.progress import log, progress
 from smelt.train.goodput import run_goodput, say_interval_hint
+from smelt.train.precision import peak_source
 from smelt.train.setup import last_logged_loss, write_run_manifest
 from smelt.train.watchdog import Watchdog
 
@@ -33,7 +34,8 @@ def announce(t: Any) -> None:
         "schedule": schedule.kind, "precision": t.precision.name, "device": str(t.device),
         "params_total": t.params["total"], "params_non_embedding": t.params["non_embedding"],
         "flops_per_token": t.flops_tok, "model_flops_per_token": t.model_flops_tok,
-        "peak_flops": t.peak_total, "world_size": t.world_size, "compile": t.compile_note,
+        "peak_flops": t.peak_total, "peak_flops_source": peak_source(), "world_size": t.world_size,
+        "compile": t.compile_note,
         "host_memory": t.host_memory_note,
         "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(t.config_dict),
         "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
@@ -124,6 +126,7 @@ def summary(t: Any) -> dict[str, Any]:
         "flops_per_token": t.flops_tok,
         "model_flops_per_token": t.model_flops_tok,
         "peak_flops": t.peak_total,
+        "peak_flops_source": peak_source(),  # rank 0's: env, table, cached DATE or measured-now
         "precision": t.precision.name,
         "device": str(t.device),
         "world_size": t.world_size,
