@@ -76,9 +76,9 @@ def test_special_ids_and_padding(real_tokenizer):
     assert tok.id_to_token(1023) == "<|reserved_87|>"
     assert tok.decode([1023, 1]) == "<|reserved_87|><|eos|>"
     assert tok.decode([20, 1023], skip_special_tokens=True) == tok.decode([20])
-    # a special token's text in raw input maps to its id (not to pieces)
-    assert tok.encode("<|eos|>") == [1]
-    assert tok.encode("<|fim_middle|>x<|user|>")[0] == 4 and tok.encode("<|user|>") == [7]
+    # a special token's text in raw input is ordinary text: it never becomes the special id
+    for text in ("<|eos|>", "<|fim_middle|>x<|user|>", "<|user|>"):
+        assert not set(tok.encode(text)) & tok.special_ids() and tok.decode(tok.encode(text)) == text
     assert len(tok.special_ids()) == 11 + 88
     assert info["sample_documents"] > 0 and 0 < info["sample_bytes_used"] <= 800_000
 
@@ -254,9 +254,17 @@ def test_loads_in_transformers_and_encodes_identically(real_tokenizer):
     tok = Tokenizer.load(real_tokenizer[0])
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(real_tokenizer[0] / "tokenizer.json"))
     assert len(hf) == tok.vocab_size
-    for text in ROUND_TRIP + [
-        "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>",
-        "<|user|>hi<|end_of_turn|>",
-    ]:
+    for text in ROUND_TRIP:
         assert hf(text, add_special_tokens=False)["input_ids"] == tok.encode(text)
         assert hf.decode(tok.encode(text)) == tok.decode(tok.encode(text))
+    # A special token's text: smelt encodes it as ordinary text, as transformers does with
+    # split_special_tokens=True; by default transformers matches it (what a rendered chat template needs).
+    for text in ("<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>", "<|user|>hi<|end_of_turn|>"):
+        ids = tok.encode(text)
+        assert hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"] == ids
+        assert not set(ids) & tok.special_ids() and hf.decode(ids) == text
+    assert hf("<|user|>hi<|end_of_turn|>", add_special_tokens=False)["input_ids"] == [
+        7,
+        *tok.encode("hi"),
+        10,
+    ]

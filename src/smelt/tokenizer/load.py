@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import unicodedata
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +118,13 @@ def tokenizer_hash(directory: str | Path) -> str:
 
 
 class Tokenizer:
-    """A trained smelt tokenizer. `encode` never adds special tokens; `vocab_size` is the padded size."""
+    """A trained smelt tokenizer; `vocab_size` is the padded size.
+
+    Encoding never gives a special id: a special token's text in the input (`<|eos|>` in a web page,
+    `<|user|>` in a Python file) is encoded as ordinary bytes, on every backend. Special ids come only from
+    the pipeline: EOS between documents (`smelt tokenize`), the chat template (`chat_template.ChatFormat`
+    takes the role ids from `token_to_id`), FIM (the loader). `special_text_counts` counts such strings.
+    """
 
     def __init__(self, inner: tokenizers.Tokenizer, info: dict[str, Any], directory: Path | None = None):
         self.inner = inner
@@ -132,6 +140,14 @@ class Tokenizer:
         self._fast: Any = None
         self._native: Any = None
         self._backend = ""
+        # Hugging Face matches added tokens in the raw text unless told not to; this is what the other
+        # backends are checked against on the probes.
+        inner.encode_special_tokens = True
+        specials = [added.content for added in inner.get_added_tokens_decoder().values() if added.special]
+        # every special token's text, longest first (so `<|eos|>` is not read inside a longer one)
+        self.special_texts: tuple[str, ...] = tuple(sorted(specials, key=lambda t: (-len(t), t)))
+        self.special_text_regex = "|".join(map(re.escape, self.special_texts))
+        self._special_re = re.compile(self.special_text_regex) if specials else None
         if inner.get_vocab_size(with_added_tokens=True) != self.vocab_size:
             raise UserError(
                 f"tokenizer in {directory}: tokenizer.json has {inner.get_vocab_size(with_added_tokens=True)} "
@@ -204,20 +220,20 @@ class Tokenizer:
 
     @staticmethod
     def _fast_ids(fast: Any, text: str) -> list[int]:
-        # Added tokens are matched in the raw text, as Hugging Face does; NFC does not touch them.
-        return fast.encode(unicodedata.normalize("NFC", text), allowed_special="all")
+        # A special token's text is ordinary text (encode_ordinary), as for the other backends.
+        return fast.encode_ordinary(unicodedata.normalize("NFC", text))
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Encode many texts at once; no special tokens are added."""
+        """Encode many texts at once; no special id is added, nor read from the text."""
         self._choose_backend()
         if self._native is not None:
             return _split(*self._native.encode_flat(texts))
         if self._fast is not None:
             normalized = [unicodedata.normalize("NFC", t) for t in texts]
-            return self._fast.encode_batch(normalized, num_threads=self.threads, allowed_special="all")
+            return self._fast.encode_ordinary_batch(normalized, num_threads=self.threads)
         batch = getattr(self.inner, "encode_batch_fast", None) or self.inner.encode_batch
         return [enc.ids for enc in batch(list(texts), add_special_tokens=False)]
 
@@ -242,6 +258,14 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self.inner.token_to_id(token)
+
+    def special_text_counts(self, texts: Iterable[str]) -> Counter[str]:
+        """How often each special token's text occurs in the texts (encoded as ordinary text)."""
+        counts: Counter[str] = Counter()
+        if self._special_re is not None:
+            for text in texts:
+                counts.update(self._special_re.findall(text))
+        return counts
 
     # -- introspection ----------------------------------------------------------------------------
 

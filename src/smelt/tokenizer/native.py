@@ -10,6 +10,8 @@ writes (NFC, one regex split with a named pattern, byte-level BPE without dropou
   `piece_gpt4`).
 - Merges are applied as Hugging Face applies them: the lowest merge rank first, the leftmost on a tie,
   only for pairs that are a listed merge.
+- A special token's text (`<|eos|>` in a document) is encoded as ordinary bytes, as Hugging Face does
+  with `encode_special_tokens = True`: special ids come only from the pipeline, never from text.
 
 Regex engines spend most of their time trying alternatives character by character; the scanner decides
 each piece from one class lookup per character, which is where the speed comes from.
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -430,12 +431,9 @@ class NativeBPE:
         self.classes = char_classes()
         self._cache = new_cache()
         self._lock = threading.Lock()
+        # A special token's text in a document (a web page that mentions `<|eos|>`) is ordinary text:
+        # special ids come only from the pipeline (EOS between documents, chat templates, FIM).
         self.specials = specials
-        # Added tokens are matched in the raw text, longest first where two start at the same place,
-        # as Hugging Face does; a shared prefix (`<|`) makes the check for them one substring search.
-        ordered = sorted(specials, key=len, reverse=True)
-        self._special_re = re.compile("(" + "|".join(map(re.escape, ordered)) + ")") if ordered else None
-        self._prefix = _common_prefix(ordered)
 
     @classmethod
     def from_tokenizer_json(cls, data: dict[str, Any], byte_decoder: dict[str, int]) -> NativeBPE | None:
@@ -473,40 +471,9 @@ class NativeBPE:
         specials = {added["content"]: int(added["id"]) for added in data.get("added_tokens", [])}
         return cls(PATTERN_KINDS[steps[0]["pattern"]["Regex"]], byte_ids, merges, specials)
 
-    def _has_special(self, text: str) -> bool:
-        if self._special_re is None or (self._prefix and self._prefix not in text):
-            return False
-        return self._special_re.search(text) is not None
-
     def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """All texts' ids back to back (int32) and the count per text (int64)."""
-        with_specials: dict[int, list[str]] = {}
-        encoded: list[bytes] = []
-        for index, text in enumerate(texts):
-            if self._has_special(text):
-                with_specials[index] = self._special_re.split(text)  # type: ignore[union-attr]
-                encoded.append(b"")
-            else:
-                encoded.append(_nfc(text).encode("utf-8"))
-        ids, counts = self._encode_bytes(encoded)
-        if not with_specials:
-            return ids, counts
-        ends = np.cumsum(counts)
-        per_text = np.split(ids, ends[:-1]) if len(counts) else []
-        for index, parts in with_specials.items():
-            per_text[index] = self._encode_with_specials(parts)
-            counts[index] = len(per_text[index])
-        return (np.concatenate(per_text) if per_text else ids), counts
-
-    def _encode_with_specials(self, parts: list[str]) -> np.ndarray:
-        # re.split with one group alternates text, special, text, ...
-        texts = parts[0::2]
-        ids, counts = self._encode_bytes([_nfc(t).encode("utf-8") for t in texts])
-        pieces = np.split(ids, np.cumsum(counts)[:-1])
-        out: list[np.ndarray] = [pieces[0]]
-        for special, piece in zip(parts[1::2], pieces[1:], strict=True):
-            out += [np.array([self.specials[special]], dtype=np.int32), piece]
-        return np.concatenate(out)
+        """All texts' ids back to back (int32) and the count per text (int64). Never a special id."""
+        return self._encode_bytes([_nfc(text).encode("utf-8") for text in texts])
 
     def _encode_bytes(self, encoded: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
         starts = np.zeros(len(encoded) + 1, dtype=np.int64)
@@ -524,13 +491,3 @@ class NativeBPE:
 
 def _nfc(text: str) -> str:
     return text if unicodedata.is_normalized("NFC", text) else unicodedata.normalize("NFC", text)
-
-
-def _common_prefix(strings: list[str]) -> str:
-    if not strings:
-        return ""
-    first, last = min(strings), max(strings)
-    size = 0
-    while size < min(len(first), len(last)) and first[size] == last[size]:
-        size += 1
-    return first[:size]

@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -173,19 +173,52 @@ def _finished_shards(directory: Path, key: str, itemsize: int) -> list[dict[str,
         documents += marker["documents"]
 
 
+class SpecialText:
+    """Occurrences of special tokens' text (`<|eos|>` in a web page) in a source's documents, which the
+    tokenizer encodes as ordinary text. Counted here, over every document of the source (those of shards
+    kept from an earlier run too), so the figure does not depend on a resume."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.counts: Counter[str] = Counter()
+        self.documents = 0
+
+    def add(self, column: pa.Array) -> None:
+        if not self.tokenizer.special_text_regex:
+            return
+        hits = pc.fill_null(pc.match_substring_regex(column, self.tokenizer.special_text_regex), False)
+        texts = pc.filter(column, hits).to_pylist()
+        self.documents += len(texts)
+        self.counts.update(self.tokenizer.special_text_counts(texts))
+
+    def row(self) -> dict[str, Any]:
+        """`special_text`: occurrences per token text (most first), `special_text_documents`: documents
+        holding any."""
+        ordered = sorted(self.counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return {"special_text": dict(ordered), "special_text_documents": self.documents}
+
+
 def _batches(
-    files: list[Path], parts: list[pq.ParquetFile], skip: int, batch_docs: int, batch_bytes: int
+    files: list[Path],
+    parts: list[pq.ParquetFile],
+    skip: int,
+    batch_docs: int,
+    batch_bytes: int,
+    special: SpecialText | None = None,
 ) -> Iterator[tuple[pa.Array, np.ndarray]]:
     """Text batches of a source after its first `skip` documents, with each document's UTF-8 size;
-    a batch holds at most `batch_docs` documents and, past its first document, `batch_bytes` of text."""
+    a batch holds at most `batch_docs` documents and, past its first document, `batch_bytes` of text.
+    `special` sees every document, the skipped ones too."""
     for path, part in zip(files, parts, strict=True):
         rows = part.metadata.num_rows
-        if skip >= rows:
+        if skip >= rows and special is None:
             skip -= rows
             continue
         try:
             for batch in part.iter_batches(batch_size=batch_docs, columns=["text"]):
                 column = batch.column(0)
+                if special is not None:
+                    special.add(column)
                 if skip:
                     if skip >= len(column):
                         skip -= len(column)
@@ -215,7 +248,9 @@ def tokenize(
     Writes out_dir/meta.json (first), then the shards with their `.done` markers, then
     out_dir/shards.json (every shard's checksums and counts) and out_dir/stats.json; returns the stats
     (with throughput figures). Per source: documents, tokens (the stream, EOS/BOS included), bytes (UTF-8
-    of the text), bytes_per_token (bytes over text tokens), shards. `workers` overrides `cfg.workers`.
+    of the text), bytes_per_token (bytes over text tokens), shards, special_text (occurrences of special
+    tokens' text, such as a literal `<|eos|>`, which is encoded as ordinary text; with the run's total
+    at the top) and special_text_documents. `workers` overrides `cfg.workers`.
     `out_dir` may be a file:// URL, or a store's URL (s3://...): then the shards are written to a staging
     directory under `url_cache` (default ~/.cache/smelt/urls), where a rerun resumes, and published to
     the store (data/urls.py), `.done` markers after their shards and shards.json last.
@@ -284,6 +319,7 @@ def tokenize(
     manifest: dict[str, Any] = {"tokenizer_hash": tokenizer.hash, "dtype": dtype.name, "splits": {}}
     splits: dict[str, Any] = {}
     resumed = 0
+    special_total: Counter[str] = Counter()
     bar = progress(total=total_docs, desc="tokenize", unit="doc", unit_scale=True)
     try:
         for split, sources in layout.items():
@@ -297,10 +333,11 @@ def tokenize(
                 resumed += len(kept)
                 bar.update(skip)
                 writer = ShardWriter(directory, dtype, cfg.shard_tokens, len(kept), skip, key)
+                special = SpecialText(tokenizer)
                 _encode_source(
                     pool,
                     n_workers,
-                    _batches(files, parts, skip, cfg.batch_docs, cfg.batch_bytes),
+                    _batches(files, parts, skip, cfg.batch_docs, cfg.batch_bytes, special),
                     writer,
                     eos,
                     bos,
@@ -316,12 +353,14 @@ def tokenize(
                     **counts,
                     "bytes_per_token": round(counts["bytes"] / text_tokens, 4) if text_tokens > 0 else 0.0,
                     "shards": len(markers),
+                    **special.row(),
                 }
                 manifest["splits"].setdefault(split, {})[source] = {
                     **counts,
                     "shards": [{k: m[k] for k in m if k != "key"} for m in markers],
                 }
             splits[split] = {"sources": split_stats, **_totals(split_stats.values(), cfg.bos)}
+            special_total.update(_special_totals(split_stats.values()))
     finally:
         bar.close()
         pool.close()
@@ -334,6 +373,7 @@ def tokenize(
         "dtype": dtype.name,
         "vocab_size": tokenizer.vocab_size,
         "tokenizer_hash": tokenizer.hash,
+        "special_text": dict(sorted(special_total.items(), key=lambda kv: (-kv[1], kv[0]))),
     }
     write_json_atomic(out_dir / SHARDS_JSON, manifest)
     (out_dir / STATS_JSON).write_text(json.dumps(stats, indent=2) + "\n")
@@ -350,6 +390,12 @@ def tokenize(
         f"({totals['bytes_per_token']} bytes/token) in {wall:.1f} s, {result['mb_per_s']} MB/s, "
         f"{n_workers} worker(s)" + (f", {resumed} shard(s) kept from an earlier run" if resumed else "")
     )
+    if special_total:
+        found = ", ".join(f"{text} x{n:,}" for text, n in stats["special_text"].items())
+        log(
+            f"[tokenize] special-token text in the documents, encoded as ordinary text (special ids come "
+            f"only from EOS/BOS, chat templates and FIM): {found}"
+        )
     return result
 
 
@@ -397,6 +443,13 @@ def _write(item: tuple[Future, np.ndarray], writer: ShardWriter, bar) -> None:
     flat, lengths = future.result()
     writer.write_batch(flat, lengths, sizes)
     bar.update(len(lengths))
+
+
+def _special_totals(rows) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for row in rows:
+        total.update(row.get("special_text", {}))
+    return total
 
 
 def _totals(rows, bos: bool = False) -> dict[str, Any]:
