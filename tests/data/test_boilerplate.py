@@ -185,8 +185,69 @@ This etext was prepared by Jane Roe of Westfield, NJ.
 End of The Project Gutenberg Etext of The Lighthouse Keeper
 """
 
+WRAPPED_TITLE = f"""The Project Gutenberg EBook of The Lighthouse Keeper and Other Stories of the
+Northern Coast, by Ada Finch
+
+This eBook is for the use of anyone anywhere at no cost and with
+almost no restrictions whatsoever.  You may copy it, give it away or
+re-use it under the terms of the Project Gutenberg License included
+with this eBook or online at www.gutenberg.org
+
+
+Title: The Lighthouse Keeper and Other Stories of the Northern Coast
+
+Author: Ada Finch
+
+Release Date: January 9, 2006 [EBook #17492]
+
+Language: English
+
+Character set encoding: ISO-8859-1
+
+***START OF THE PROJECT GUTENBERG EBOOK THE LIGHTHOUSE KEEPER AND OTHER
+STORIES OF THE NORTHERN COAST***
+
+
+
+
+E-text prepared by Jane Roe, John Doe,
+and the Project Gutenberg Online Distributed Proofreading Team
+(http://www.pgdp.net/)
+
+
+
+Note: Project Gutenberg also has an HTML version of this
+      file which includes the original illustrations.
+      See 17492-h.htm or 17492-h.zip:
+      (http://www.gutenberg.org/dirs/1/7/4/9/17492/17492-h/17492-h.htm)
+      or
+      (http://www.gutenberg.org/dirs/1/7/4/9/17492/17492-h.zip)
+
+
+
+
+{BODY}
+
+
+
+
+
+End of the Project Gutenberg EBook of The Lighthouse Keeper and Other
+Stories of the Northern Coast, by Ada Finch
+
+***END OF THE PROJECT GUTENBERG EBOOK THE LIGHTHOUSE KEEPER AND OTHER
+STORIES OF THE NORTHERN COAST***
+
+***** This file should be named 17492-8.txt or 17492-8.zip *****
+This and all associated files of various formats will be found in:
+        http://www.gutenberg.org/1/7/4/9/17492/
+
+{LICENCE}
+"""
+
 VARIANTS = {
     "modern": MODERN,
+    "noughties_wrapped_title": WRAPPED_TITLE,
     "noughties_produced_by": NOUGHTIES_PRODUCED_BY,
     "this_ebook_no_credit": THIS_EBOOK_NO_CREDIT,
     "small_print_1990s": SMALL_PRINT,
@@ -212,6 +273,49 @@ def test_every_gutenberg_layout_leaves_the_body_alone(variant):
     assert (removed["head_bytes"], removed["tail_bytes"]) == (len(head.encode()), len(tail.encode()))
     assert ledger.notes[("books", "boilerplate_gutenberg_docs")] == 1
     assert ledger.notes[("books", "boilerplate_gutenberg_bytes")] == len(text.encode()) - len(BODY.encode())
+
+
+def test_a_wrapped_start_line_with_credit_and_notes_on_a_real_book(shared_data):
+    """A real book (Sherlock Holmes, 1661.txt) rewritten in the 2000s layout whose START and END lines
+    wrap the title over two lines, with an "E-text prepared by" credit and the HTML-version note (two
+    URLs) after the START line: stripped to the same text as the book in its own layout."""
+    original = normalize_text((shared_data / "corpus/prose/gutenberg/1661.txt").read_text(encoding="utf-8"))
+    (expected,) = step().run([doc(original)], Ledger())
+    start = "*** START OF THIS PROJECT GUTENBERG EBOOK THE ADVENTURES OF SHERLOCK HOLMES ***"
+    credit = "Produced by an anonymous Project Gutenberg volunteer and Jose Menendez"
+    end = "*** END OF THIS PROJECT GUTENBERG EBOOK THE ADVENTURES OF SHERLOCK HOLMES ***"
+    assert original.count(start) == original.count(end) == 1 and original.index(credit) > original.index(
+        start
+    )
+    wrapped = (
+        original.replace(
+            start, "***START OF THE PROJECT GUTENBERG EBOOK THE ADVENTURES OF\nSHERLOCK HOLMES***"
+        )
+        .replace(
+            credit,
+            "E-text prepared by an anonymous Project Gutenberg volunteer and Jose Menendez\n"
+            "(http://www.pgdp.net/)\n\n"
+            "Note: Project Gutenberg also has an HTML version of this\n"
+            "      file which includes the original illustrations.\n"
+            "      See 1661-h.htm or 1661-h.zip:\n"
+            "      (http://www.gutenberg.org/dirs/1/6/6/1661/1661-h/1661-h.htm)\n"
+            "      or\n"
+            "      (http://www.gutenberg.org/dirs/1/6/6/1661/1661-h.zip)",
+            1,  # the credit after the START line; the footer repeats it
+        )
+        .replace(end, "***END OF THE PROJECT GUTENBERG EBOOK THE ADVENTURES OF\nSHERLOCK HOLMES***")
+    )
+    (out,) = step().run([doc(wrapped)], Ledger())
+    assert out.text == expected.text
+    assert out.text.startswith("THE ADVENTURES OF SHERLOCK HOLMES") and "gutenberg" not in out.text.lower()
+
+
+def test_a_wrapped_start_line_does_not_reach_into_the_book():
+    """An unclosed START line followed by a blank line, or by text without a closing `***`, is one line."""
+    for after in ("\n\nCHAPTER I\n\nIt was *** a storm.", "\nCHAPTER I\nIt was a dark night\nand a storm."):
+        text = f"Header\n\n***START OF THE PROJECT GUTENBERG EBOOK THE KEEPER{after}\n\n{BODY}"
+        (out,) = step().run([doc(text)], Ledger())
+        assert out.text == text[text.index("EBOOK THE KEEPER") + 16 :].strip()
 
 
 def test_text_without_a_wrapper_is_untouched_even_when_it_names_project_gutenberg():
@@ -304,9 +408,9 @@ def test_curate_strips_gutenberg_books_and_counts_the_bytes(tmp_path):
     cfg = DataConfig(sources=[source], min_chars=10, val_fraction=0.0, min_split_docs=0, workers=1)
     stats = curate(cfg, tmp_path / "out")
     rows = [row for part in (tmp_path / "out").rglob("*.parquet") for row in pq.read_table(part).to_pylist()]
-    # the four layouts leave byte-identical books: exact dedup keeps the first
+    # the five layouts leave byte-identical books: exact dedup keeps the first
     assert [(r["id"], r["text"]) for r in rows] == [("modern.txt", BODY)]
-    assert stats["dropped"] == {"exact_duplicate": 3}
+    assert stats["dropped"] == {"exact_duplicate": len(VARIANTS) - 1}
     assert json.loads(rows[0]["meta"])["boilerplate"]["gutenberg"]["tail_bytes"] > 0
     notes = stats["sources"]["books"]["notes"]
     assert notes["boilerplate_gutenberg_docs"] == len(VARIANTS)

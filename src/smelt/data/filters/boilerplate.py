@@ -6,8 +6,10 @@ after it, and an `*** END OF ...` line followed by the full licence (about 18,70
 4-5% of a typical book, identical across thousands of books: text a model would learn by heart.
 
 A wrapper is data (`Wrapper`): line patterns that end the header (the line and everything before it
-go), line patterns that begin the footer (the line and everything after it go), and credit patterns
-for the paragraph right after the header. Markers are looked for only within `window` characters of
+go; a pattern may span a marker wrapped over a few lines), line patterns that begin the footer (the
+line and everything after it go), and credit patterns for the paragraphs right after the header (the
+producer's credit, "E-text prepared by ...", the note that an HTML version exists, one after another).
+Markers are looked for only within `window` characters of
 the start and of the end of the text, so a phrase quoted inside a book cannot cut it in half. To
 handle another publisher, add an entry to `WRAPPERS` and name it in `data.boilerplate.publishers`.
 
@@ -43,6 +45,7 @@ class Wrapper:
     credits: tuple[str, ...] = ()
     hints: tuple[str, ...] = ()
     window: int = 60_000
+    max_credits: int = 4  # credit and note paragraphs removed after the header, at most
     _start: re.Pattern = field(init=False, repr=False, compare=False)
     _end: re.Pattern = field(init=False, repr=False, compare=False)
     _credit: re.Pattern | None = field(init=False, repr=False, compare=False)
@@ -58,11 +61,15 @@ class Wrapper:
 
 
 _PG = r"project\s+gutenberg"
+# The rest of a START line: up to its closing `***` on the same line, or, when the title is wrapped,
+# on one of the next two non-blank lines (`***START OF THE PROJECT GUTENBERG EBOOK THE HISTORY OF THE`
+# then `DECLINE AND FALL***`), else the line alone.
+_START_REST = r"(?:[^\n]*\*{3}[^\n]*|[^\n*]*(?:\n[ \t]*[^\s*][^\n*]*){1,2}?\*{3}[^\n]*|.*)"
 WRAPPERS: dict[str, Wrapper] = {
     "gutenberg": Wrapper(
         "gutenberg",
         start=(
-            rf"[ \t]*\*{{3}}\s*start\s+of\s+(?:this|the)\s+{_PG}\b.*",  # *** START OF THE/THIS PROJECT ...
+            rf"[ \t]*\*{{3}}\s*start\s+of\s+(?:this|the)\s+{_PG}\b{_START_REST}",  # *** START OF THE/THIS PG
             r"[ \t]*\*\s*end\s*\*?\s*the\s+small\s+print\b.*",  # *END*THE SMALL PRINT! (1990s texts)
         ),
         end=(
@@ -72,8 +79,12 @@ WRAPPERS: dict[str, Wrapper] = {
         ),
         credits=(
             r"produced\s+by\b",
-            r"(?:this\s+)?e-?text\s+(?:was\s+)?prepared\s+by\b",
+            r"(?:this\s+)?e-?(?:text|book)\s+(?:was\s+)?prepared\s+by\b",
             r"transcribed\s+from\s+the\b.*\bby\b",
+            # the notes that sit beside the credit: an HTML version (with its two URLs), page images
+            rf"(?:\[?\s*)?(?:note:\s*)?{_PG}\s+also\s+has\s+an?\s+html\s+version\b",
+            r"(?:\[?\s*)?(?:note:\s*)?images\s+of\s+the\s+original\s+pages\s+are\s+available\b",
+            r"this\s+(?:e-?text|e-?book|file)\s+was\s+produced\s+from\b",
         ),
         hints=("Gutenberg", "GUTENBERG", "gutenberg", "SMALL PRINT", "Small Print"),
     ),
@@ -136,14 +147,24 @@ def _find_head(texts: list[str], starts: list[int], wrapper: Wrapper) -> tuple[i
         match = wrapper._start.search(text, 0, max(0, wrapper.window - starts[i]))
         if match is None:
             continue
-        end = match.end()
-        if wrapper._credit is not None:
-            body = len(text) - len(text[end:].lstrip())
-            if wrapper._credit.match(text, body):
-                paragraph = text.find("\n\n", body)
-                end = len(text) if paragraph < 0 else paragraph
-        return i, end
+        return i, _skip_credits(text, match.end(), wrapper)
     return None
+
+
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+
+
+def _skip_credits(text: str, end: int, wrapper: Wrapper) -> int:
+    """`end` moved past the credit and note paragraphs that follow it, one after another."""
+    if wrapper._credit is None:
+        return end
+    for _ in range(wrapper.max_credits):
+        body = len(text) - len(text[end:].lstrip())
+        if body >= len(text) or not wrapper._credit.match(text, body):
+            break
+        paragraph = _PARAGRAPH_BREAK.search(text, body)
+        end = len(text) if paragraph is None else paragraph.start()
+    return end
 
 
 def _find_tail(
