@@ -9,6 +9,8 @@ thresholds in config order (`verdict` -> the first failing rule, or None). A kep
 scores in `doc.meta[<step name>]`; a dropped one goes to the ledger with reason
 `<step name>.<rule>` (the rule is the config key to tune, e.g. `gopher_quality.min_words`) and the
 scores as extra fields. Scores are rounded to 4 digits for the record; decisions use exact values.
+Rules that hold only in some languages (stop words, whitespace words) are skipped for documents in
+other languages, and the skip is recorded (see `languages.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 from typing import Any, ClassVar
 
 from smelt.config import DataConfig, SourceConfig
+from smelt.data.filters.languages import rule_holds
 from smelt.data.ledger import Doc, Ledger
 from smelt.data.steps import DocStep
 from smelt.errors import ConfigError
@@ -103,6 +106,8 @@ class TextFilter(DocStep):
     name: ClassVar[str] = "text_filter"
     filter_name: ClassVar[str] = ""
     section: ClassVar[str] = ""
+    # rule -> what it needs of the document's language (languages.STOP_WORD_LIST or languages.SPACED)
+    language_rules: ClassVar[dict[str, str]] = {}
 
     def __init__(self, cfg: Any, sources: frozenset[str] | None = None):
         self.cfg = cfg
@@ -119,15 +124,28 @@ class TextFilter(DocStep):
     def measure(self, doc: Doc) -> Scores:
         raise NotImplementedError
 
-    def verdict(self, scores: Scores) -> str | None:
-        """The first failing rule (a config key), or None to keep."""
+    def verdict(self, scores: Scores, skip: frozenset[str] = frozenset()) -> str | None:
+        """The first failing rule (a config key) not in `skip`, or None to keep."""
         raise NotImplementedError
+
+    def skipped_rules(self, doc: Doc) -> frozenset[str]:
+        """The rules of `language_rules` that do not hold for the document's language."""
+        lang = doc.meta.get("lang")
+        return frozenset(rule for rule, need in self.language_rules.items() if not rule_holds(need, lang))
 
     def apply(self, doc: Doc, ledger: Ledger) -> Doc | None:
         scores = self.measure(doc)
-        rule = self.verdict(scores)
+        skip = self.skipped_rules(doc)
+        rule = self.verdict(scores, skip)
+        record = rounded(scores)
+        if skip:
+            record["skipped"] = sorted(skip)
+            lang = doc.meta.get("lang")
+            for name in skip:
+                ledger.notes[(doc.source, f"{self.name}.{name}.skipped")] += 1
+                ledger.notes[(doc.source, f"{self.name}.{name}.skipped.{lang}")] += 1
         if rule is not None:
-            ledger.drop(doc, f"{self.name}.{rule}", **rounded(scores))
+            ledger.drop(doc, f"{self.name}.{rule}", **record)
             return None
-        doc.meta[self.name] = rounded(scores)
+        doc.meta[self.name] = record
         return doc

@@ -47,7 +47,7 @@ class CodeFilter(TextFilter):
     def measure(self, doc: Doc) -> Scores:
         return code_scores(doc.text, names=(doc.file, doc.id))
 
-    def verdict(self, s: Scores) -> str | None:
+    def verdict(self, s: Scores, skip: frozenset[str] = frozenset()) -> str | None:
         c = self.cfg
         if s["bytes"] < c.min_bytes:
             return "min_bytes"

@@ -19,6 +19,7 @@ from __future__ import annotations
 from smelt.config import FineWebConfig
 from smelt.data.filters.base import Scores, TextFilter, nonblank_lines, split_words
 from smelt.data.filters.gopher import duplicates
+from smelt.data.filters.languages import SPACED
 from smelt.data.ledger import Doc
 
 STOP_CHARS = (".", "!", "?", '"', "'", "…", "”", "’", "。", "！", "？")
@@ -31,11 +32,12 @@ class FineWebFilter(TextFilter):
     filter_name = "fineweb"
     section = "fineweb"
     cfg: FineWebConfig
+    language_rules = {"max_newline_word_ratio": SPACED}  # lines per whitespace word
 
     def measure(self, doc: Doc) -> Scores:
         return fineweb_scores(doc.text, self.cfg.short_line_chars)
 
-    def verdict(self, s: Scores) -> str | None:
+    def verdict(self, s: Scores, skip: frozenset[str] = frozenset()) -> str | None:
         c = self.cfg
         if s["line_punct_ratio"] < c.min_line_punct_ratio:
             return "min_line_punct_ratio"
@@ -43,7 +45,7 @@ class FineWebFilter(TextFilter):
             return "max_short_line_ratio"
         if s["dup_line_char_ratio"] > c.max_dup_line_char_ratio:
             return "max_dup_line_char_ratio"
-        if s["newline_word_ratio"] > c.max_newline_word_ratio:
+        if s["newline_word_ratio"] > c.max_newline_word_ratio and "max_newline_word_ratio" not in skip:
             return "max_newline_word_ratio"
         return None
 

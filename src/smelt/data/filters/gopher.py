@@ -13,8 +13,10 @@ Definitions, where the paper leaves room:
   line ratios are over non-blank lines.
 * A word "contains a letter" when it has a word character that is not a digit or "_".
 * Stop words are tokens equal to the, be, to, of, and, that, have, with — Gopher's English list —
-  ignoring case and surrounding punctuation ("The", "(of", "and,"); every occurrence counts. A source
-  in another language should not run this filter (or should set min_stop_words = 0).
+  ignoring case and surrounding punctuation ("The", "(of", "and,"); every occurrence counts. The rule
+  runs only on documents whose language has a stop-word list (`languages.STOP_WORDS`: English), and
+  the word-count, mean-word-length and top n-gram rules only on languages written with spaces between
+  words; for other languages they are skipped and the skip recorded (see `languages.py`).
 * Duplicate lines / paragraphs count the repeats after the first occurrence (paragraphs are separated
   by blank lines; blank lines are not lines), and their character fractions are over the whole text.
 * n-gram character fractions are over the characters of all words (spaces left out). Top n-gram
@@ -34,10 +36,12 @@ import numpy as np
 
 from smelt.config import GopherQualityConfig, GopherRepetitionConfig
 from smelt.data.filters.base import Scores, TextFilter, nonblank_lines, split_words
+from smelt.data.filters.languages import SPACED, STOP_WORD_LIST
+from smelt.data.filters.languages import STOP_WORDS as STOP_WORDS_BY_LANGUAGE
 from smelt.data.ledger import Doc
 from smelt.errors import ConfigError
 
-STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+STOP_WORDS = STOP_WORDS_BY_LANGUAGE["en"]
 
 _LETTER = re.compile(r"[^\W\d_]")  # a word character that is not a digit or "_"
 _ALNUM = re.compile(r"[^\W_]")
@@ -53,40 +57,39 @@ _PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
 
 class GopherQuality(TextFilter):
     """Drop documents that are too short or long, made of odd words, symbols, bullets or trailing
-    ellipses, or lacking English stop words — the signature of menus, tables, spam and boilerplate."""
+    ellipses, or lacking stop words (in the languages that have a list: English) — the signature of
+    menus, tables, spam and boilerplate."""
 
     name = "gopher_quality"
     filter_name = "gopher_quality"
     section = "gopher_quality"
     cfg: GopherQualityConfig
+    language_rules = {
+        **dict.fromkeys(("min_words", "max_words", "min_mean_word_length", "max_mean_word_length"), SPACED),
+        "min_stop_words": STOP_WORD_LIST,
+    }
 
     def measure(self, doc: Doc) -> Scores:
         return gopher_quality_scores(doc.text)
 
-    def verdict(self, s: Scores) -> str | None:
+    def verdict(self, s: Scores, skip: frozenset[str] = frozenset()) -> str | None:
         c = self.cfg
-        if s["words"] < c.min_words:
-            return "min_words"
-        if s["words"] > c.max_words:
-            return "max_words"
-        if s["mean_word_length"] < c.min_mean_word_length:
-            return "min_mean_word_length"
-        if s["mean_word_length"] > c.max_mean_word_length:
-            return "max_mean_word_length"
-        if (
-            s["hash_word_ratio"] > c.max_symbol_word_ratio
-            or s["ellipsis_word_ratio"] > c.max_symbol_word_ratio
-        ):
-            return "max_symbol_word_ratio"
-        if s["bullet_lines_ratio"] > c.max_bullet_lines_ratio:
-            return "max_bullet_lines_ratio"
-        if s["ellipsis_lines_ratio"] > c.max_ellipsis_lines_ratio:
-            return "max_ellipsis_lines_ratio"
-        if s["alpha_words_ratio"] < c.min_alpha_words_ratio:
-            return "min_alpha_words_ratio"
-        if s["stop_words"] < c.min_stop_words:
-            return "min_stop_words"
-        return None
+        checks = (
+            ("min_words", s["words"] < c.min_words),
+            ("max_words", s["words"] > c.max_words),
+            ("min_mean_word_length", s["mean_word_length"] < c.min_mean_word_length),
+            ("max_mean_word_length", s["mean_word_length"] > c.max_mean_word_length),
+            (
+                "max_symbol_word_ratio",
+                s["hash_word_ratio"] > c.max_symbol_word_ratio
+                or s["ellipsis_word_ratio"] > c.max_symbol_word_ratio,
+            ),
+            ("max_bullet_lines_ratio", s["bullet_lines_ratio"] > c.max_bullet_lines_ratio),
+            ("max_ellipsis_lines_ratio", s["ellipsis_lines_ratio"] > c.max_ellipsis_lines_ratio),
+            ("min_alpha_words_ratio", s["alpha_words_ratio"] < c.min_alpha_words_ratio),
+            ("min_stop_words", s["stop_words"] < c.min_stop_words),
+        )
+        return next((rule for rule, failed in checks if failed and rule not in skip), None)
 
 
 def gopher_quality_scores(text: str) -> Scores:
@@ -138,6 +141,8 @@ class GopherRepetition(TextFilter):
     filter_name = "gopher_repetition"
     section = "gopher_repetition"
     cfg: GopherRepetitionConfig
+    # the top n-gram rules count whitespace words; a repeated 5- to 10-gram is repetition in any script
+    language_rules = {f"max_top_{n}gram_char_ratio": SPACED for n in TOP_NS}
 
     def __init__(self, cfg: GopherRepetitionConfig, sources: frozenset[str] | None = None):
         for key, ns in (("max_top_ngram_char_ratio", TOP_NS), ("max_dup_ngram_char_ratio", DUP_NS)):
@@ -152,13 +157,13 @@ class GopherRepetition(TextFilter):
     def measure(self, doc: Doc) -> Scores:
         return gopher_repetition_scores(doc.text)
 
-    def verdict(self, s: Scores) -> str | None:
+    def verdict(self, s: Scores, skip: frozenset[str] = frozenset()) -> str | None:
         c = self.cfg
         for key in ("dup_line_ratio", "dup_para_ratio", "dup_line_char_ratio", "dup_para_char_ratio"):
             if s[key] > getattr(c, "max_" + key):
                 return "max_" + key
         for n, limit in zip(TOP_NS, c.max_top_ngram_char_ratio, strict=True):
-            if s[f"top_{n}gram_char_ratio"] > limit:
+            if s[f"top_{n}gram_char_ratio"] > limit and f"max_top_{n}gram_char_ratio" not in skip:
                 return f"max_top_{n}gram_char_ratio"
         for n, limit in zip(DUP_NS, c.max_dup_ngram_char_ratio, strict=True):
             if s[f"dup_{n}gram_char_ratio"] > limit:
