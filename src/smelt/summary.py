@@ -37,10 +37,14 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
         "train_mfu": train.get("mfu"),
         "train_mfu_model": train.get("mfu_model"),
         "final_train_loss": train["final_train_loss"],
-        # The trainer's last validation: per-source losses and the headline combined from them.
+        # The trainer's last validation: per-source losses and the headline combined from them, on
+        # the first train.eval_tokens of the validation split (val_loss_text says which text).
         "final_val_loss": train["final_val_loss"],
         "val_loss_weighting": train.get("val_loss_weighting"),
         "val_loss_by_source": train.get("val_loss_by_source"),
+        "val_loss_text": trainer_text(cfg, len(train.get("val_loss_by_source") or {})),
+        "train_peak_flops": train.get("peak_flops"),
+        "train_peak_flops_source": train.get("peak_flops_source"),
         "eval_time_s": train.get("eval_time_s"),
         "eval_share": train.get("eval_share"),
         "evals_skipped": train.get("evals_skipped"),
@@ -50,6 +54,16 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
             source: figures["bits_per_byte"]
             for source, figures in evaluation["heldout"]["per_source"].items()
         },
+        # The eval stage's loss on the same text as its bits per byte (val_bits_per_byte_text), which
+        # is not the trainer's: compare sources within one of the two, not across them.
+        "eval_loss_by_source": {
+            source: figures["loss"] for source, figures in evaluation["heldout"]["per_source"].items()
+        },
+        "eval_bytes_per_token_by_source": {
+            source: figures.get("bytes_per_token")
+            for source, figures in evaluation["heldout"]["per_source"].items()
+        },
+        "val_bits_per_byte_text": eval_text(cfg, evaluation["heldout"]),
         "val_gzip_bits_per_byte": heldout["gzip_bits_per_byte"],
         "val_xz_bits_per_byte": heldout["xz_bits_per_byte"],
         "val_bytes": heldout["bytes"],
@@ -66,13 +80,37 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
     }
 
 
+def trainer_text(cfg: Config, sources: int) -> str:
+    """Which text the trainer's final validation scored."""
+    if not cfg.train.eval_tokens:
+        return "every token of the validation split"
+    each = cfg.train.eval_tokens // max(sources, 1)
+    return (
+        f"the first {each:,} tokens of each validation source (train.eval_tokens = {cfg.train.eval_tokens:,})"
+    )
+
+
+def eval_text(cfg: Config, heldout: dict[str, Any]) -> str:
+    """Which text the eval stage scored."""
+    scored = f"{heldout['overall']['bytes']:,} bytes"
+    if not cfg.eval.max_bytes:
+        return f"every document of the validation split ({scored})"
+    each = cfg.eval.max_bytes // max(len(heldout["per_source"]), 1)
+    return f"the first {each:,} bytes of each validation source ({scored}; eval.max_bytes = {cfg.eval.max_bytes:,})"
+
+
 def mfu_text(summary: dict[str, Any]) -> str:
-    """PaLM's convention (6N + 12 L d s, head counted) first, then the matmul model FLOPs' figure."""
+    """PaLM's convention (6N + 12 L d s, head counted) first, then the matmul model FLOPs' figure, and
+    the peak they divide by with its source (env, table, cached DATE, measured-now)."""
     if summary["train_mfu"] is None:
         return "-"
     text = f"{100 * summary['train_mfu']:.1f}% (6N + attention)"
     model = summary.get("train_mfu_model")
-    return text if model is None else f"{text}, {100 * model:.1f}% (matmul model FLOPs)"
+    text = text if model is None else f"{text}, {100 * model:.1f}% (matmul model FLOPs)"
+    peak, source = summary.get("train_peak_flops"), summary.get("train_peak_flops_source")
+    if peak:
+        text += f" of {peak / 1e9:,.1f} GFLOP/s" + (f" ({source.split(' (')[0]})" if source else "")
+    return text
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -104,10 +142,11 @@ def print_summary(summary: dict[str, Any]) -> None:
             + val_weighting(summary),
         ),
         *by_source_row("val loss by source", summary.get("val_loss_by_source")),
+        *text_row(summary.get("val_loss_by_source"), summary.get("val_loss_text")),
         ("validation time", eval_time(summary)),
         *goodput_rows(summary.get("train_goodput")),
         ("val bits/byte: model", fmt(summary["val_bits_per_byte"], ".4f")),
-        *by_source_row("val bits/byte by source", summary.get("val_bits_per_byte_by_source")),
+        *eval_by_source_rows(summary),
         ("val bits/byte: gzip -9", fmt(summary["val_gzip_bits_per_byte"], ".4f")),
         ("val bits/byte: xz -9e", fmt(summary["val_xz_bits_per_byte"], ".4f")),
         ("held-out bytes", fmt(summary["val_bytes"])),
@@ -155,6 +194,29 @@ def goodput_rows(figures: dict[str, Any] | None) -> list[tuple[str, str]]:
         rows.append(("checkpoint interval", advice.get("hint") or (
             f"every {advice['every_steps']} steps is near the Young-Daly interval of {advice['optimal_every_steps']}")))  # fmt: skip
     return rows
+
+
+def text_row(values: dict[str, float] | None, text: str | None) -> list[tuple[str, str]]:
+    """Which text the figures by source above it scored, when there are several sources."""
+    return [("  scored on", text)] if values and len(values) > 1 and text else []
+
+
+def eval_by_source_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The eval stage's loss and bits per byte by source, both on its own text (not the trainer's
+    validation text above), with the bytes per token that turn one into the other."""
+    bits = summary.get("val_bits_per_byte_by_source") or {}
+    if len(bits) < 2:
+        return []
+    losses = summary.get("eval_loss_by_source") or {}
+    per_token = summary.get("eval_bytes_per_token_by_source") or {}
+    if not losses:  # a summary written before the eval stage's losses were kept
+        return by_source_row("val bits/byte by source", bits)
+    parts = []
+    for source in sorted(bits):
+        spread = f", {per_token[source]:.2f} bytes/token" if per_token.get(source) else ""
+        parts.append(f"{source} {losses[source]:.4f} / {bits[source]:.4f}{spread}")
+    rows = [("held-out loss / bits/byte by source", "; ".join(parts))]
+    return rows + text_row(bits, summary.get("val_bits_per_byte_text"))
 
 
 def by_source_row(name: str, values: dict[str, float] | None) -> list[tuple[str, str]]:

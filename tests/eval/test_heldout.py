@@ -129,11 +129,31 @@ def test_score_does_not_depend_on_batch_size(run):
 
 
 @pytest.mark.slow
-def test_max_bytes_caps_the_scored_documents(run):
+@pytest.mark.parametrize("max_bytes", [2_000, 9_000, 30_001])
+def test_max_bytes_is_met_by_cutting_the_last_document(run, max_bytes):
+    # eval.max_bytes = 100_000 once scored 245,786 bytes: each source took whole documents until one
+    # crossed its share, and a code file is tens of kilobytes. Now the crossing document is cut at
+    # the last token that ends within the share, and the bytes scored are exactly those tokens' text.
+    tokenizer = Tokenizer.load(run / "tokenizer")
+    lengths = tokenizer.token_byte_lengths()
     full = score_uniform(run, batch_size=8)
-    capped = score_uniform(run, batch_size=8, max_bytes=2_000)
-    assert capped["per_source"]["prose"]["documents"] < full["per_source"]["prose"]["documents"]
-    assert capped["per_source"]["prose"]["bytes"] >= 1_000  # stops at the first document past the cap
+    capped = score_uniform(run, batch_size=8, max_bytes=max_bytes, token_bytes=lengths)
+    assert capped["overall"]["bytes"] <= max_bytes
+    for source in ("prose", "code"):
+        figures, longest = capped["per_source"][source], int(lengths.max())
+        share = min(max_bytes // 2, full["per_source"][source]["bytes"])  # a small source is all scored
+        assert share - longest < figures["bytes"] <= share, (source, figures["bytes"])
+        assert figures["documents"] <= full["per_source"][source]["documents"]
+        # Uniform logits: ln V per token, so the token count is the cut's; its bytes are its tokens'.
+        shards = ShardSet(run / "tokens", "val", source)
+        ids = shards.read(0, figures["tokens"]).astype(np.int64)  # targets: the first token is EOS
+        assert int(lengths[ids].sum()) == figures["bytes"]
+        texts = read_texts(run / "documents", "val", source)
+        data = b"".join(t.encode() for t in texts)
+        assert figures["gzip_bits_per_byte"] == pytest.approx(gzip_bits_per_byte(data[: figures["bytes"]]))
+    # Without the byte lengths the cut is in proportion to the document's tokens, still within the cap.
+    rough = score_uniform(run, batch_size=8, max_bytes=max_bytes)
+    assert rough["overall"]["bytes"] <= max_bytes
 
 
 def test_stale_tokens_are_reported(run, tmp_path):

@@ -190,8 +190,12 @@ def heldout_bits_per_byte(
     doc_masking: bool = False,
     weights: dict[str, float] | None = None,
     trained_at: tuple[int, ...] = (),
+    token_bytes: np.ndarray | None = None,
 ) -> dict[str, Any]:
     """Loss and bits-per-byte of the model, gzip and xz, per source and over all sources of `split`.
+    `max_bytes` (0: all) caps the UTF-8 bytes scored, split evenly over the sources: whole documents
+    in order, then the one that crosses a source's cap cut at the last token that ends within it
+    (`token_bytes`: each id's byte length, `Tokenizer.token_byte_lengths`; None: cut in proportion).
     `doc_masking`: score with attention kept within documents (as a model trained that way sees text).
     `weights`: each source's training weight (`training_mixture`; None: its share of the train split's
     tokens). The overall loss is the weighted mean of the per-source losses (`loss_weighting` and
@@ -221,19 +225,13 @@ def heldout_bits_per_byte(
                 f"holds {len(texts)}: the tokens are stale. Rerun `smelt tokenize --force`."
             )
         encoded = [t.encode("utf-8") for t in texts]
-        n_docs = len(encoded)
-        if byte_cap:
-            running = 0
-            for n_docs, blob in enumerate(encoded, start=1):  # noqa: B007 - n_docs is the result
-                running += len(blob)
-                if running >= byte_cap:
-                    break
-        end = int(starts[n_docs]) if n_docs < len(starts) else shards.total_tokens
+        n_docs, end, data = len(encoded), shards.total_tokens, b"".join(encoded)
+        if byte_cap and len(data) > byte_cap:
+            n_docs, end, data = _capped(shards, starts, encoded, byte_cap, token_bytes)
         stream = np.concatenate([np.array([eos_id], dtype=np.int64), shards.read(0, end).astype(np.int64)])
         nll, count = stream_nll(
             model, stream, seq_len, batch_size, device, eos_id if doc_masking else None, by_position, edges
         )
-        data = b"".join(encoded[:n_docs])
         per_source[source] = _figures(nll, count, data, n_docs)
         all_bytes.append(data)
         nll_total += nll
@@ -252,6 +250,32 @@ def heldout_bits_per_byte(
         if count > 0
     }
     return {"overall": overall, "per_source": per_source}
+
+
+def _capped(
+    shards: Any, starts: np.ndarray, encoded: list[bytes], cap: int, token_bytes: np.ndarray | None
+) -> tuple[int, int, bytes]:
+    """(documents touched, token end, bytes) of a source's first `cap` bytes: the whole documents
+    that fit, then the next one cut after its last token that ends within the cap."""
+    whole, used = 0, 0
+    while whole < len(encoded) and used + len(encoded[whole]) <= cap:
+        used += len(encoded[whole])
+        whole += 1
+    first = int(starts[whole])
+    if whole == len(encoded) or used == cap:
+        return whole, first, b"".join(encoded[:whole])
+    last = int(starts[whole + 1]) if whole + 1 < len(starts) else shards.total_tokens
+    ids = shards.read(first, last - first).astype(np.int64)
+    blob, room = encoded[whole], cap - used
+    if token_bytes is not None:
+        ends = np.cumsum(token_bytes[ids])
+        if ends[-1] and ends[-1] != len(blob):  # a normalizer changed the text: scale to its bytes
+            ends = np.floor(ends * len(blob) / ends[-1]).astype(np.int64)
+    else:
+        ends = np.floor(np.arange(1, len(ids) + 1) * len(blob) / len(ids)).astype(np.int64)
+    kept = int(np.searchsorted(ends, room, side="right"))  # tokens whose text ends within the cap
+    cut = int(ends[kept - 1]) if kept else 0
+    return whole + (kept > 0), first + kept, b"".join(encoded[:whole]) + blob[:cut]
 
 
 def _figures(nll: float, tokens: int, data: bytes, documents: int) -> dict[str, Any]:

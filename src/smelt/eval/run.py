@@ -76,7 +76,10 @@ def heldout_key(cfg: Config, run_dir: Path) -> str:
     tokens = read_manifest(run_dir / "tokens") or {}
     e, t = cfg.eval, cfg.train
     mixture = cfg.to_dict()["tokens"]
-    return section_key({"heldout": [e.max_bytes, t.seq_len, t.doc_masking, t.tokens], "mixture": mixture,
+    # A cap is met exactly since the last document is cut at it ("cut"): figures scored before, on
+    # whole documents past the cap, are not reused.
+    capped = [e.max_bytes, "cut"] if e.max_bytes else [e.max_bytes]
+    return section_key({"heldout": [*capped, t.seq_len, t.doc_masking, t.tokens], "mixture": mixture,
                         "tokens": tokens.get("outputs_hash")})  # fmt: skip
 
 
@@ -289,6 +292,7 @@ def _score(
             doc_masking=cfg.train.doc_masking,
             weights=training_mixture(cfg, run_dir / "tokens"),
             trained_at=trained_lengths(model.cfg, meta),
+            token_bytes=tokenizer.token_byte_lengths(),
         )
     if "samples" in todo:
         new["samples"] = samples(
