@@ -70,7 +70,9 @@ def test_a_book_becomes_parts_with_ids_lines_and_one_split(tmp_path, write, sour
         stats["sources"]["books"]["documents_in"] == n + 1
         and stats["sources"]["books"]["documents_kept"] == n + 1
     )
-    assert stats["warnings"] == []
+    # no source lost text; the code source, one file at val_fraction 0.5, went wholly to validation
+    assert [w.get("source") for w in stats["warnings"]] == ["code"]
+    assert stats["warnings"][0]["kind"] == "no_train"
 
 
 def test_part_chars_zero_keeps_one_document_per_file(tmp_path, write, source, config):

@@ -43,7 +43,8 @@ class SourceConfig:
     )
     split_unit: str = option(
         "id",
-        help="provenance unit hashed into a split: id, url, domain, file, dir, or field:<record field>",
+        help="provenance unit hashed into a split: id, document (each part of a cut text file on its own), "
+        "url, domain, file, dir, or field:<record field>; a unit lands whole in one split",
     )
     part_chars: int = option(
         200_000,

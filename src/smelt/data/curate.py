@@ -51,7 +51,14 @@ from smelt.data.quality import QualityScore, top_fraction_cutoff
 from smelt.data.readers import ReadSpec, check_readable
 from smelt.data.sources import resolve_all
 from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
-from smelt.data.stats import KeptStats, build_stats, loss_warnings, removed_chars, warning_text
+from smelt.data.stats import (
+    KeptStats,
+    build_stats,
+    loss_warnings,
+    removed_chars,
+    split_warnings,
+    warning_text,
+)
 from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
 from smelt.data.urls import is_remote, local_path, publish, staging_dir
 from smelt.data.work_units import WorkShard, plan_shards, read_plan, write_plan
@@ -247,7 +254,12 @@ def _curate(
     stats = build_stats(
         names, {n: len(resolved[n][1]) for n in names}, ledger, kept, [s.name for s in steps], extra
     )
-    stats["warnings"] = loss_warnings(stats, removed)
+    split_units = {
+        s.name: _unit_label(s.split_unit, ReadSpec.of(s, 0, Path(".")).split_unit) for s in cfg.sources
+    }
+    stats["warnings"] = loss_warnings(stats, removed) + split_warnings(
+        stats, kept, split_units, cfg.val_fraction, cfg.test_fraction
+    )
     write_json(out_dir / "stats.json", stats)
     (out_dir / "retention.svg").write_text(retention_svg(stats), encoding="utf-8")
     shutil.rmtree(work)
@@ -260,8 +272,16 @@ def _curate(
         f"identity in = kept + dropped + quarantined holds"
     )
     for warning in stats["warnings"]:
-        log(f"curate: warning: {warning_text(warning, str(out_dir))}")
+        text = (
+            warning["message"] if warning.get("kind") == "no_train" else warning_text(warning, str(out_dir))
+        )
+        log(f"curate: warning: {text}")
     return stats
+
+
+def _unit_label(configured: str, effective: str) -> str:
+    """A source's split_unit for a warning: `'id' (the file)` where a text file's parts stay together."""
+    return repr(configured) if configured == effective else f"{configured!r} (the {effective})"
 
 
 def _quality_cutoffs(shards: list[WorkShard], map_dir: Path, fraction: float) -> dict[str, float]:

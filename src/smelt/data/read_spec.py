@@ -33,7 +33,7 @@ class ReadSpec:
         # A code file stays whole: it is its own unit, and the code filter bounds its size.
         part_chars = source.part_chars if source.format == "text" and not source.code else 0
         # A text file's id is its path, so `id` and `file` are the same unit until a file is cut into
-        # parts; then `file` keeps the parts of one book in one split.
+        # parts; then `file` keeps the parts of one book in one split (`document` splits them).
         split_unit = "file" if part_chars and source.split_unit == "id" else source.split_unit
         return cls(
             source.name,

@@ -3,7 +3,10 @@
 Related documents (pages of one site, files of one repository, chapters of one book) must never
 straddle splits, or validation loss measures memorization. Each source names its unit
 (`split_unit`): the document id, its URL, its URL's domain, its file, the top directory of its file
-(a repository or book folder in a text tree), or a record field (`field:repo`). The unit is hashed
+(a repository or book folder in a text tree), a record field (`field:repo`), or `document`: each
+document on its own, the parts of a long text file too (`id` keeps those together, as `file` does).
+A unit lands whole in one split, so a source or a language that is a single unit can land wholly in
+validation; curate warns about every source and language left with no training documents. The unit is hashed
 with the source name; the hash alone picks the split, so a unit lands in the same split in every run
 and whatever else is in the corpus.
 
@@ -27,7 +30,7 @@ from smelt.errors import ConfigError
 
 TRAIN, VAL, TEST = "train", "val", "test"
 SPLITS = (TRAIN, VAL, TEST)
-UNITS = ("id", "url", "domain", "file", "dir")
+UNITS = ("id", "document", "url", "domain", "file", "dir")
 
 
 def check_units(cfg: DataConfig) -> None:
@@ -43,7 +46,7 @@ def check_units(cfg: DataConfig) -> None:
 
 def unit_key(doc: Doc, unit: str) -> str:
     """The provenance unit of a document; falls back to the id when the document lacks it (no URL...)."""
-    if unit == "id":
+    if unit in ("id", "document"):
         return doc.id
     if unit == "url":
         return doc.url or doc.id

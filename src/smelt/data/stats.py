@@ -10,8 +10,16 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from smelt.data.langid import UNDETERMINED
 from smelt.data.ledger import DROPPED, QUARANTINED, Doc, Ledger
-from smelt.data.split import SPLITS
+from smelt.data.split import SPLITS, TRAIN
+
+
+def language_group(doc: Doc) -> str | None:
+    """The language a document counts under for per-language figures: its language id label (`lang`),
+    None for none or `und` (no letters)."""
+    lang = doc.meta.get("lang")
+    return lang if lang and lang != UNDETERMINED else None
 
 
 class KeptStats:
@@ -21,6 +29,9 @@ class KeptStats:
         self.splits: Counter = Counter()  # (source, split, "documents"|"chars"|"bytes") -> n
         self.langs: Counter = Counter()  # (source, lang) -> documents
         self.pii: Counter = Counter()  # (source, kind) -> replacements
+        # (language group, split, "documents"|"chars") -> n over the run; (language group, source) -> documents
+        self.lang_splits: Counter = Counter()
+        self.lang_sources: Counter = Counter()
 
     def add(self, doc: Doc) -> None:
         self.splits[(doc.source, doc.split, "documents")] += 1
@@ -29,6 +40,11 @@ class KeptStats:
         lang = doc.meta.get("lang")
         if lang:
             self.langs[(doc.source, lang)] += 1
+        group = language_group(doc)
+        if group:
+            self.lang_splits[(group, doc.split, "documents")] += 1
+            self.lang_splits[(group, doc.split, "chars")] += len(doc.text)
+            self.lang_sources[(group, doc.source)] += 1
         for kind, n in (doc.meta.get("pii") or {}).items():
             self.pii[(doc.source, kind)] += n
 
@@ -201,6 +217,59 @@ def warning_text(warning: dict[str, Any], documents_dir: str = "RUN") -> str:
         f"most was removed by {cause}. Look at it with `{look}`, then change that step's settings "
         f"or the source's `filters` if it should have stayed."
     )
+
+
+SPLIT_GUIDE = "docs/curation.md, 'Choosing split_unit'"
+DEFAULT_UNIT = "'id'"
+
+
+def split_warnings(
+    stats: dict[str, Any], kept: KeptStats, units: dict[str, str], val_fraction: float, test_fraction: float
+) -> list[dict[str, Any]]:
+    """A warning per source, and per language group over the run, that has kept documents but none in
+    the train split: a split unit (a file, a directory) lands whole in one split, so a source or a
+    language that is one unit can go wholly to validation, and the tokenizer and the model never see
+    it. `units`: each source's split_unit as shown (`'id' (the file)`)."""
+    fractions = f"data.val_fraction = {val_fraction:g}, data.test_fraction = {test_fraction:g}"
+    warnings = []
+    for name, block in stats["sources"].items():
+        held = {k: v["documents"] for k, v in block["splits"].items() if k != TRAIN and v["documents"]}
+        if not block["documents_kept"] or block["splits"][TRAIN]["documents"]:
+            continue
+        message = (
+            f"source {name!r} has no training documents: {_documents(block['documents_kept'])} kept, all in "
+            f"{_where(held)} (split_unit = {units.get(name, DEFAULT_UNIT)}, {fractions}). A split unit lands "
+            f"whole in one split; give the source more units than one, or a smaller split_unit "
+            f"({SPLIT_GUIDE})."
+        )
+        warnings.append({"kind": "no_train", "source": name, "splits": held, "message": message})
+    groups = sorted({group for group, _, _ in kept.lang_splits})
+    for group in groups:
+        held = {split: kept.lang_splits[(group, split, "documents")] for split in SPLITS if split != TRAIN}
+        held = {k: v for k, v in held.items() if v}
+        if kept.lang_splits[(group, TRAIN, "documents")] or not held:
+            continue
+        chars = sum(kept.lang_splits[(group, split, "chars")] for split in SPLITS)
+        sources = sorted(source for g, source in kept.lang_sources if g == group)
+        unit_list = ", ".join(
+            f"{source!r} (split_unit = {units.get(source, DEFAULT_UNIT)})" for source in sources
+        )
+        message = (
+            f"language {group!r} has no training documents: {_documents(sum(held.values()))} "
+            f"({chars:,} characters), all in {_where(held)}, from source {unit_list}. A language that is one "
+            f"split unit (one file, one directory) lands whole in one split, and the tokenizer and the model "
+            f"never see it; split it into smaller units ({SPLIT_GUIDE})."
+        )
+        warnings.append({"kind": "no_train", "language": group, "splits": held, "message": message})
+    return warnings
+
+
+def _documents(n: int) -> str:
+    return f"{n:,} document" + ("" if n == 1 else "s")
+
+
+def _where(held: dict[str, int]) -> str:
+    return " and ".join(f"{split} ({n:,})" if len(held) > 1 else split for split, n in held.items())
 
 
 def retention_table(stats: dict[str, Any]) -> str:
