@@ -30,6 +30,7 @@ from smelt.config.moe import is_moe_layer
 from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
 from smelt.model.chunked_loss import IGNORE_INDEX, chunked_lm_loss
 from smelt.model.flops import head_dim_of, resolved_d_ff
+from smelt.model.init import InitStep, apply_init
 from smelt.model.moe import MoE
 from smelt.model.rope import apply_rope, model_rope_table, rope_table  # noqa: F401 (re-exported)
 
@@ -265,35 +266,36 @@ class Transformer(nn.Module):
                 block.mlp.reset_counters()
         return model
 
-    @torch.no_grad()
     def reset_parameters(self) -> None:
-        def trunc_(weight: torch.Tensor, std: float) -> None:
-            nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        apply_init(self, self.init_steps())
 
+    def init_steps(self) -> list[InitStep]:
+        """The random initialisation, draw by draw, in the order they consume the generator (model/init.py)."""
         std = self.cfg.init_std
-        for module in self.modules():
+        steps: list[InitStep] = []
+        for path, module in self.named_modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
-                trunc_(module.weight, std)
+                steps.append(InitStep(path, "weight", "trunc_normal", std))
             elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+                steps.append(InitStep(path, "weight", "ones"))
             elif isinstance(module, MoE):
-                trunc_(module.w_gate, std)
-                trunc_(module.w_up, std)
-                module.expert_bias.zero_()
+                steps += [InitStep(path, "w_gate", "trunc_normal", std), InitStep(path, "w_up", "trunc_normal", std),
+                          InitStep(path, "expert_bias", "zeros")]  # fmt: skip
         # Each block adds two residual branches; scaling their output projections keeps the
         # residual stream's variance from growing with depth (GPT-2 / Llama practice).
         out_std = std / math.sqrt(2 * self.cfg.n_layers)
-        for block in self.blocks:
-            mlp = block.mlp
+        for i, block in enumerate(self.blocks):
+            mlp, prefix = block.mlp, f"blocks.{i}"
             outputs = (
-                [mlp.w_down, *([mlp.shared.down.weight] if mlp.shared is not None else [])]
+                [(f"{prefix}.mlp", "w_down"), *([(f"{prefix}.mlp.shared.down", "weight")] if mlp.shared is not None else [])]
                 if isinstance(mlp, MoE)
-                else [mlp.down.weight]
-            )
-            for weight in (block.attn.wo.weight, *outputs):
-                trunc_(weight, out_std)
+                else [(f"{prefix}.mlp.down", "weight")]
+            )  # fmt: skip
+            for module, name in [(f"{prefix}.attn.wo", "weight"), *outputs]:
+                steps.append(InitStep(module, name, "trunc_normal", out_std))
         # The head (the embedding too, when tied) gets its own std: see resolved_head_init_std.
-        trunc_(self.lm_head.weight, resolved_head_init_std(self.cfg))
+        steps.append(InitStep("lm_head", "weight", "trunc_normal", resolved_head_init_std(self.cfg)))
+        return steps
 
     def forward(
         self,

@@ -42,8 +42,6 @@ from smelt.errors import UserError
 from smelt.eval.heldout import training_mixture
 from smelt.model.flops import count_params, flops_conventions
 from smelt.model.moe import router_metrics, update_expert_bias
-from smelt.model.moe_parallel import setup_expert_parallel
-from smelt.model.transformer import Transformer
 from smelt.train.alerts import AlertDispatch, Decision, SpikeMonitor
 from smelt.train.batching import batch_plan
 from smelt.train.distributed import (
@@ -54,10 +52,10 @@ from smelt.train.distributed import (
     init_distributed,
     rank_seed,
     shutdown,
-    wrap_model,
 )
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
 from smelt.train.goodput import clock, timed
+from smelt.train.materialize import build_training_model
 from smelt.train.mesh import mesh_for
 from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
@@ -202,11 +200,10 @@ class Trainer:
         eos_id = int(json.loads((tokens_dir / "meta.json").read_text())["eos_id"]) if tc.doc_masking else None
 
         # Every rank builds the same initial weights from the run seed, then seeds itself (rank_seed).
-        torch.manual_seed(cfg.run.seed)
-        self.model = model = Transformer(cfg.model, vocab_size).to(device)
+        # Whole, or on the meta device and then only this rank's shards (train/materialize.py).
+        self.model, self.wrapped, _ = build_training_model(cfg, vocab_size, ctx, device, self.mesh)
+        model = self.model
         torch.manual_seed(rank_seed(cfg.run.seed, self.rank, "train"))
-        setup_expert_parallel(model, cfg, self.world_size, device)  # MoE experts over processes (or no-op)
-        self.wrapped = wrap_model(model, tc.parallel, ctx, device, self.mesh)
         self.optimizer = build_optimizer(model, tc, device)
         self.scaler = self.precision.grad_scaler()
         self.loader = TokenLoader.from_config(
