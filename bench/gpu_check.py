@@ -179,6 +179,19 @@ def report(name: str, result: dict[str, Any]) -> None:
     )
 
 
+# What the items import besides torch (pyproject.toml's dependencies that the pipeline loads, and
+# transformers for the export check), by import name and package name.
+NEEDED = {"tokenizers": "tokenizers", "pyarrow": "pyarrow", "numpy": "numpy", "safetensors": "safetensors",
+          "tqdm": "tqdm", "zstandard": "zstandard", "numba": "numba", "fsspec": "fsspec",
+          "transformers": "transformers", "pytest": "pytest"}  # fmt: skip
+
+
+def missing_packages() -> list[str]:
+    import importlib.util
+
+    return [package for module, package in NEEDED.items() if importlib.util.find_spec(module) is None]
+
+
 def flatten(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A flat result (design.md: named figures whose keys carry their units), item name first."""
     flat: dict[str, Any] = {}
@@ -210,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_item(args.item, Path(args.work), args.dry_run)
     if not args.dry_run and not torch.cuda.is_available():
         print(NO_CUDA.format(version=torch.__version__), file=sys.stderr)
+        return 2
+    missing = missing_packages()
+    if missing:
+        print(f"error: this Python ({sys.executable}) lacks {', '.join(missing)}, which smelt's pipeline or "
+              f"the export check imports. Install them (`pip install {' '.join(missing)}`, or the wheels where "
+              "the machine has no index), or run from a checkout whose `make install` has run.",
+              file=sys.stderr)  # fmt: skip
         return 2
     only = [n for n in args.only.split(",") if n]
     unknown = sorted(set(only) - set(ITEM_NAMES))
