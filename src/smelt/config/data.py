@@ -33,6 +33,13 @@ class SourceConfig:
     languages: list[str] = option(
         [], help="language keep-list, ISO 639-1 codes such as en, de, zh (empty: keep every language)"
     )
+    declared_language: str = option(
+        "",
+        help="the language the data says its documents are in (kept as meta.declared_lang; per-language "
+        "figures group by it, with the language id label beside it): a code such as pl for every document, "
+        "`file` (the file name before its first dot: pl.txt -> pl), `dir` (the top directory) or "
+        "field:<record field> (jsonl, parquet); empty: none",
+    )
     lang_threshold: float = option(
         0.65, range=(0.0, 1.0), help="minimum language-id confidence (0-1) when `languages` is set"
     )

@@ -42,7 +42,7 @@ from smelt.data.executor import iter_entries, iter_shard_docs, read_column, run_
 from smelt.data.filters import FILTER_STEPS, LengthFilter
 from smelt.data.filters.boilerplate import Boilerplate
 from smelt.data.ids import UniqueIds
-from smelt.data.langid import LanguageId
+from smelt.data.langid import LanguageId, check_declared_languages
 from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import Normalize
 from smelt.data.pii import Pii
@@ -164,6 +164,7 @@ def curate(cfg: DataConfig, out_dir: Path | str) -> dict:
         return stats
     out_dir = Path(local_path(str(out_dir)))
     check_units(cfg)
+    check_declared_languages(cfg)
     check_scope(cfg.near_dedup)
     resolved = resolve_all(cfg)
     specs = []

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from smelt.data.ledger import Doc, Ledger
+from smelt.data.read_spec import DECLARED_LANG, ReadSpec
 from smelt.data.readers import read_file
 from smelt.data.split import split_hash, unit_key
 from smelt.data.steps import DocStep, run_steps
@@ -51,6 +52,16 @@ def _count_read(docs: Iterable[Doc], ledger: Ledger) -> Iterator[Doc]:
         yield doc
 
 
+def _declare(docs: Iterable[Doc], spec: ReadSpec) -> Iterator[Doc]:
+    """Documents with `meta.declared_lang` from the source's declared_language (a code, file or dir),
+    set before the steps so that the per-language filter rules see it."""
+    for doc in docs:
+        lang = spec.declared_for(doc.file)
+        if lang and DECLARED_LANG not in doc.meta:
+            doc.meta[DECLARED_LANG] = lang
+        yield doc
+
+
 def read_shard(shard: WorkShard, steps: list[DocStep]) -> tuple[list[Doc], Ledger]:
     """Read one shard and run the per-document steps on its records; documents in canonical order."""
     ledger = Ledger()
@@ -61,6 +72,8 @@ def read_shard(shard: WorkShard, steps: list[DocStep]) -> tuple[list[Doc], Ledge
         with task_local(spec.root, path) as (root, local):
             here = spec if root == spec.root else dataclasses.replace(spec, root=root)
             records = read_file(here, local, ledger, shard.start, shard.end, shard.first_line)
+            if spec.declared_language:
+                records = _declare(records, spec)
             for doc in run_steps(steps, _count_read(records, ledger), ledger):
                 doc.unit_hash = split_hash(doc.source, unit_key(doc, spec.split_unit))
                 docs.append(doc)

@@ -19,6 +19,11 @@ spread over the text keep a header or footer in another language (a licence, a c
 deciding the language; on lingua documents of ~4,000 characters, 1,000 sampled characters are within
 0.3 points of the accuracy of the whole text. Every backend classifies the same sample.
 
+A source may also declare its documents' language (`declared_language`: a code, `file`, `dir` or
+`field:<name>`, see `ReadSpec.declared_for`), kept as `meta.declared_lang`: language id cannot tell
+near-identical standard varieties apart (Bosnian from Croatian, Malay from Indonesian), and per-language
+figures group by the declared language where there is one, with the language id label beside it.
+
 Meta: `lang` is the backend's code. py3langid: ISO 639-1 where one exists (Norwegian is `no`; a
 keep-list may say `nb`), ISO 639-3 for the rest (e.g. `ary`, `ace`). lingua: ISO 639-1 for all its 75
 languages (Norwegian is `nb` or `nn`). `und` with score 0 for text without letters. `lang_score` is the
@@ -44,6 +49,30 @@ BACKENDS = ("py3langid", "lingua", "lingua_low")
 ALIASES = {"nb": "no", "nob": "no", "iw": "he", "in": "id", "ji": "yi"}
 LINGUA_ALIASES = {"nob": "nb", "nno": "nn", "iw": "he", "in": "id"}
 _LETTER = re.compile(r"[^\W\d_]")
+# A declared language code: ISO 639-1 or 639-3, optionally with a script or region (sr-latn, pt-br).
+_CODE = re.compile(r"[a-z]{2,3}(?:[-_][a-z0-9]{2,8})*")
+
+
+def check_declared_languages(cfg: DataConfig) -> None:
+    """ConfigError naming `data.sources[i].declared_language` for a value that is neither a language
+    code nor `file`, `dir` or `field:<name>` (the last only for jsonl and parquet sources)."""
+    for i, source in enumerate(cfg.sources):
+        value = source.declared_language.strip()
+        where = f"data.sources[{i}].declared_language = {source.declared_language!r} (source {source.name!r})"
+        if value.startswith("field:"):
+            if len(value) > len("field:") and source.format in ("jsonl", "parquet"):
+                continue
+            raise ConfigError(
+                f"{where}: field:<name> takes the language from a record field, which only jsonl and "
+                f"parquet sources have; use a code such as pl, or `file` / `dir` to take it from the path."
+            )
+        if not value or value in ("file", "dir") or _CODE.fullmatch(value.lower()):
+            continue
+        raise ConfigError(
+            f"{where} is not a language code: use an ISO 639 code such as pl, bs or ms (as lowercase letters, "
+            f"optionally with a script or region: sr-latn), `file` (the file name before its first dot), "
+            f"`dir` (the top directory) or field:<record field>."
+        )
 
 
 @cache

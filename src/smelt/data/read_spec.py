@@ -8,6 +8,8 @@ from pathlib import Path
 
 from smelt.config import SourceConfig
 
+DECLARED_LANG = "declared_lang"  # the meta key of a document's declared language
+
 
 @dataclass(frozen=True)
 class ReadSpec:
@@ -23,10 +25,31 @@ class ReadSpec:
     extractor: str = "trafilatura"
     split_unit: str = "id"  # see data/split.py; "field:<name>" keeps that record field in meta
     part_chars: int = 0  # text files longer than this become several documents (0: one per file)
+    declared_language: str = ""  # see data/langid.py: a code, file, dir or field:<name>
 
     @property
     def unit_field(self) -> str:
         return self.split_unit.removeprefix("field:") if self.split_unit.startswith("field:") else ""
+
+    @property
+    def lang_field(self) -> str:
+        """The record field that declares each document's language, or ""."""
+        declared = self.declared_language
+        return declared.removeprefix("field:") if declared.startswith("field:") else ""
+
+    def declared_for(self, file: str) -> str | None:
+        """The declared language of a document of `file` (relative to root) when it comes from the
+        source (a code) or the path (`file`: the name before its first dot, `dir`: the top directory);
+        None for none, and for `field:<name>`, which the reader takes from the record."""
+        declared = self.declared_language
+        if not declared or declared.startswith("field:"):
+            return None
+        if declared == "file":
+            return file.rsplit("/", 1)[-1].split(".", 1)[0].lower() or None
+        if declared == "dir":
+            head, sep, _ = file.partition("/")
+            return head.lower() if sep else None
+        return declared.lower()
 
     @classmethod
     def of(cls, source: SourceConfig, index: int, root: Path) -> ReadSpec:
@@ -46,4 +69,5 @@ class ReadSpec:
             source.extractor,
             split_unit,
             part_chars,
+            source.declared_language.strip(),
         )

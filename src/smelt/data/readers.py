@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from smelt.data.ledger import Doc, Ledger, preview
-from smelt.data.read_spec import ReadSpec
+from smelt.data.read_spec import DECLARED_LANG, ReadSpec
 from smelt.errors import UserError
 
 BATCH_ROWS = 1024
@@ -319,6 +319,8 @@ def _make_doc(
     doc = Doc(spec.name, spec.index, doc_id, text, rel, number, url)
     if spec.unit_field and record.get(spec.unit_field) not in (None, ""):
         doc.meta[spec.unit_field] = str(record[spec.unit_field])
+    if spec.lang_field and record.get(spec.lang_field) not in (None, ""):
+        doc.meta[DECLARED_LANG] = str(record[spec.lang_field]).strip().lower()
     return doc
 
 
@@ -336,6 +338,7 @@ def _read_parquet(spec: ReadSpec, path: Path, rel: str, ledger: Ledger, state: d
         "id_field": spec.id_field,
         "url_field": spec.url_field,
         "split_unit": spec.unit_field,
+        "declared_language": spec.lang_field,
     }
     wanted = [f for f in fields.values() if f]
     for key, column in fields.items():

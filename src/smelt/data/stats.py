@@ -12,13 +12,14 @@ from typing import Any
 
 from smelt.data.langid import UNDETERMINED
 from smelt.data.ledger import DROPPED, QUARANTINED, Doc, Ledger
+from smelt.data.read_spec import DECLARED_LANG
 from smelt.data.split import SPLITS, TRAIN
 
 
 def language_group(doc: Doc) -> str | None:
-    """The language a document counts under for per-language figures: its language id label (`lang`),
-    None for none or `und` (no letters)."""
-    lang = doc.meta.get("lang")
+    """The language a document counts under for per-language figures: the language its source declares
+    (`declared_lang`) where there is one, else its language id label (`lang`); None for none or `und`."""
+    lang = doc.meta.get(DECLARED_LANG) or doc.meta.get("lang")
     return lang if lang and lang != UNDETERMINED else None
 
 
@@ -32,6 +33,7 @@ class KeptStats:
         # (language group, split, "documents"|"chars") -> n over the run; (language group, source) -> documents
         self.lang_splits: Counter = Counter()
         self.lang_sources: Counter = Counter()
+        self.declared: Counter = Counter()  # (source, declared language, language id label) -> documents
 
     def add(self, doc: Doc) -> None:
         self.splits[(doc.source, doc.split, "documents")] += 1
@@ -40,6 +42,9 @@ class KeptStats:
         lang = doc.meta.get("lang")
         if lang:
             self.langs[(doc.source, lang)] += 1
+        declared = doc.meta.get(DECLARED_LANG)
+        if declared:
+            self.declared[(doc.source, declared, lang or "")] += 1
         group = language_group(doc)
         if group:
             self.lang_splits[(group, doc.split, "documents")] += 1
@@ -82,6 +87,16 @@ def _source_block(name: str, files: int, ledger: Ledger, kept: KeptStats) -> dic
     langs = {lang: n for (source, lang), n in kept.langs.most_common() if source == name}
     if langs:
         block["languages"] = langs
+    declared: dict[str, dict[str, Any]] = {}
+    for (source, lang, label), n in sorted(
+        kept.declared.items(), key=lambda kv: (kv[0][1], -kv[1], kv[0][2])
+    ):
+        if source == name:
+            row = declared.setdefault(lang, {"documents": 0, "language_id": {}})
+            row["documents"] += n
+            row["language_id"][label or "none"] = n
+    if declared:
+        block["declared_languages"] = declared
     pii = {kind: n for (source, kind), n in sorted(kept.pii.items()) if source == name}
     if pii:
         block["pii"] = pii

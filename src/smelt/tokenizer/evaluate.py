@@ -1,6 +1,9 @@
 """Evaluate tokenizers: compression and fertility per source and language, unused and longest tokens.
 
-Figures per group (a source, or a source/language when documents carry a `lang`):
+Figures per group (a source, or a source/language when documents carry a language: the language the
+source declares, `meta.declared_lang`, where there is one, else the language id label `lang`; each row
+lists the language id labels of its documents beside it, `language_id`, since language id merges
+near-identical varieties such as Bosnian and Croatian):
 - bytes_per_token: UTF-8 bytes of the text over its tokens (higher is better compression);
 - fertility: tokens per word; words come from `split_words`, which also works for scripts written
   without spaces (each Han, Kana, Thai, Lao, Khmer or Myanmar character counts as a word);
@@ -14,6 +17,7 @@ from __future__ import annotations
 import html
 import json
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -124,34 +128,61 @@ def evaluate_texts(
     }
 
 
-def document_groups(
-    documents_dir: Path, split: str, max_bytes_per_group: int = 1_000_000
-) -> dict[str, list[str]]:
-    """Texts of a documents split grouped by source (and `source/lang` where documents have a language),
-    at most `max_bytes_per_group` UTF-8 bytes per group, in document order (deterministic)."""
+class Groups(dict[str, list[str]]):
+    """Texts by group name, with the language id labels of each group's documents (`language_id`) and
+    the names of the groups that are a declared language (`declared`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.language_id: dict[str, Counter[str]] = {}
+        self.declared: set[str] = set()
+
+
+# the meta key curation gives a document's declared language (data/read_spec.py DECLARED_LANG)
+DECLARED_KEY = '"declared_lang"'
+
+
+def _declared(meta: str | None) -> str | None:
+    if not meta or DECLARED_KEY not in meta:  # skip parsing the meta of the documents without one
+        return None
+    value = json.loads(meta).get("declared_lang")
+    return str(value) if value else None
+
+
+def document_groups(documents_dir: Path, split: str, max_bytes_per_group: int = 1_000_000) -> Groups:
+    """Texts of a documents split grouped by source, and by `source/language` where documents have a
+    language (the declared one where the source declares it, else the language id label), at most
+    `max_bytes_per_group` UTF-8 bytes per group, in document order (deterministic)."""
     parts = document_parts(Path(documents_dir), split)
     if not parts:
         raise UserError(
             f"no documents to evaluate the tokenizer on: {Path(documents_dir) / split} has no "
             f"<source>/part-*.parquet files. Run `smelt curate CONFIG` first, or pick another split."
         )
-    groups: dict[str, list[str]] = {}
+    groups = Groups()
     sizes: dict[str, int] = {}
     for path in parts:
         part = pq.ParquetFile(path)
-        columns = ["text", "lang"] if "lang" in part.schema_arrow.names else ["text"]
+        columns = ["text"] + [c for c in ("lang", "meta") if c in part.schema_arrow.names]
         for batch in part.iter_batches(batch_size=1024, columns=columns):
-            texts = batch.column(0).to_pylist()
-            langs = batch.column(1).to_pylist() if len(columns) == 2 else [None] * len(texts)
-            for text, lang in zip(texts, langs, strict=True):
+            values = {name: batch.column(name).to_pylist() for name in columns}
+            texts = values["text"]
+            langs = values.get("lang") or [None] * len(texts)
+            metas = values.get("meta") or [None] * len(texts)
+            for text, lang, meta in zip(texts, langs, metas, strict=True):
                 if not text:
                     continue
-                name = f"{path.parent.name}/{lang}" if lang else path.parent.name
+                declared = _declared(meta)
+                group = declared or lang
+                name = f"{path.parent.name}/{group}" if group else path.parent.name
                 size = len(text.encode("utf-8"))
                 if sizes.get(name, 0) + size > max_bytes_per_group and sizes.get(name, 0) > 0:
                     continue
                 sizes[name] = sizes.get(name, 0) + size
                 groups.setdefault(name, []).append(text)
+                groups.language_id.setdefault(name, Counter())[lang or "none"] += 1
+                if declared:
+                    groups.declared.add(name)
     return groups
 
 
@@ -171,6 +202,12 @@ def evaluate_tokenizers(
     results = {
         name: evaluate_texts(Tokenizer.load(directory), groups, top) for name, directory in tokenizers.items()
     }
+    labels = getattr(groups, "language_id", {})
+    for result in results.values():
+        for group, row in result["groups"].items():
+            if group in labels:
+                row["declared"] = group in groups.declared  # type: ignore[attr-defined]
+                row["language_id"] = dict(labels[group].most_common())
     table = format_table(results)
     report = {"tokenizers": {k: str(v) for k, v in tokenizers.items()}, "results": results, "table": table}
     if out_dir is not None:
@@ -205,14 +242,17 @@ def train_and_evaluate(
 
 def format_table(results: Mapping[str, dict[str, Any]]) -> str:
     """A Markdown table: one row per group and tokenizer, then each tokenizer's totals."""
+    labelled = any("language_id" in row for r in results.values() for row in r["groups"].values())
+    head = "| tokenizer | group | language id |" if labelled else "| tokenizer | group |"
     lines = [
-        "| tokenizer | group | bytes/token | fertility | continued words | tokens |",
-        "|---|---|---:|---:|---:|---:|",
+        f"{head} bytes/token | fertility | continued words | tokens |",
+        "|---|---|" + ("---|" if labelled else "") + "---:|---:|---:|---:|",
     ]
     for name, result in results.items():
         for group, row in result["groups"].items():
+            label = f" {_labels(row.get('language_id') or {})} |" if labelled else ""
             lines.append(
-                f"| {name} | {group} | {row['bytes_per_token']:.3f} | {row['fertility']:.3f} | "
+                f"| {name} | {group} |{label} {row['bytes_per_token']:.3f} | {row['fertility']:.3f} | "
                 f"{row['continued_word_rate']:.1%} | {row['tokens']} |"
             )
     lines += [
@@ -228,6 +268,15 @@ def format_table(results: Mapping[str, dict[str, Any]]) -> str:
             f"({result['never_produced_share']:.1%}) | {json.dumps(longest, ensure_ascii=False)} |"
         )
     return "\n".join(lines)
+
+
+def _labels(counts: Mapping[str, int], top: int = 3) -> str:
+    """The language id labels of a group's documents with their shares: `hr 59%, bs 41%`."""
+    total = sum(counts.values())
+    if not total:
+        return ""
+    shown = ", ".join(f"{label} {n / total:.0%}" for label, n in list(counts.items())[:top])
+    return shown + (f", +{len(counts) - top} more" if len(counts) > top else "")
 
 
 _COLORS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")

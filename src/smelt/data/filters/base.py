@@ -129,8 +129,9 @@ class TextFilter(DocStep):
         raise NotImplementedError
 
     def skipped_rules(self, doc: Doc) -> frozenset[str]:
-        """The rules of `language_rules` that do not hold for the document's language."""
-        lang = doc.meta.get("lang")
+        """The rules of `language_rules` that do not hold for the document's language (the declared one
+        where the source declares it, else the language id label)."""
+        lang = doc.meta.get("declared_lang") or doc.meta.get("lang")
         return frozenset(rule for rule, need in self.language_rules.items() if not rule_holds(need, lang))
 
     def apply(self, doc: Doc, ledger: Ledger) -> Doc | None:
@@ -140,7 +141,7 @@ class TextFilter(DocStep):
         record = rounded(scores)
         if skip:
             record["skipped"] = sorted(skip)
-            lang = doc.meta.get("lang")
+            lang = doc.meta.get("declared_lang") or doc.meta.get("lang")
             for name in skip:
                 ledger.notes[(doc.source, f"{self.name}.{name}.skipped")] += 1
                 ledger.notes[(doc.source, f"{self.name}.{name}.skipped.{lang}")] += 1
