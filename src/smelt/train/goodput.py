@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -59,13 +61,50 @@ def clock(started: float) -> dict[str, float]:
     return {"elapsed_s": now - started, "time": now}
 
 
+# In the train directory: the last optimizer step this history's running process finished, rewritten
+# in place after every step, so that a resume after a kill knows how far the dead process got even
+# past its last log line (metrics.jsonl has a train record every train.log_every steps only).
+STEP_MARKER = "last_step"
+
+
+class StepMarker:
+    """`advance()` after every optimizer step writes the step reached into RUN/train/last_step: one
+    fixed-width pwrite, no fsync (a killed process's page cache survives it; a machine crash may lose
+    the last steps, which then count as not redone)."""
+
+    WIDTH = 20
+
+    def __init__(self, train_dir: Path, step: int) -> None:
+        self.step = step
+        self.fd = os.open(Path(train_dir) / STEP_MARKER, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.close = weakref.finalize(self, os.close, self.fd)  # at the latest when the trainer goes
+        self._write()
+
+    def advance(self) -> None:
+        self.step += 1
+        self._write()
+
+    def _write(self) -> None:
+        os.pwrite(self.fd, f"{self.step:>{self.WIDTH - 1}}\n".encode(), 0)
+
+    @staticmethod
+    def read(train_dir: Path) -> int | None:
+        """The step the last process of this history reached, or None without a readable marker."""
+        try:
+            return int((Path(train_dir) / STEP_MARKER).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+
 class RankTimes:
     """One rank's step times over a log window: wall step time, the synchronised part of it, the wait
-    for a checkpoint's host copy inside it, and the rank's own time between step ends."""
+    for a checkpoint's host copy inside it, and the rank's own time between step ends. `marker` (rank
+    0): the StepMarker it advances after every step."""
 
     def __init__(self) -> None:
         self.last_end: float | None = None
         self.synced_now = 0.0
+        self.marker: StepMarker | None = None
         self.reset()
 
     def reset(self) -> None:
@@ -83,6 +122,8 @@ class RankTimes:
         self.step_s.append(seconds)
         self.own_s.append(max(0.0, cycle - self.synced_now))
         self.last_end, self.synced_now = now, 0.0
+        if self.marker is not None:
+            self.marker.advance()
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -228,6 +269,9 @@ def goodput(train_dir: Path) -> dict[str, Any] | None:
     productive / wall. Productive is the step time (less waits for a checkpoint's host copy) of the
     steps in metrics.jsonl; lost is that of steps a resume redid (metrics.superseded.jsonl); the
     downtime of a restart runs from the crashed process's last record to the resumed one's start.
+    lost_steps counts every step a resume ran again, from the step each dead process reached (its
+    resume event's `reached_step`, from StepMarker), logged or not; lost_s holds the logged windows'
+    time only: the redone steps after a dead process's last log line fall in other_s.
     """
     train_dir = Path(train_dir)
     kept = read_records(train_dir / "metrics.jsonl")
@@ -245,7 +289,7 @@ def goodput(train_dir: Path) -> dict[str, Any] | None:
     downtime = sum(max(0.0, nxt[0] - prev[1]) for prev, nxt in zip(spans, spans[1:], strict=False))
     productive = sum(_own_step_s(r) for r in kept if r.get("kind") == "train")
     lost = sum(_own_step_s(r) for r in moved if r.get("kind") == "train")
-    lost_steps = _redone_steps(moved)
+    lost_steps = _redone_steps(kept, moved)
     checkpoints = [r for r in [*kept, *moved] if r.get("event") == "checkpoint"]
     stall = sum(float(r.get("stall_s") or 0.0) for r in checkpoints)
     evals = sum(float(r.get("eval_s") or 0.0) for r in [*kept, *moved] if r.get("kind") == "eval")
@@ -269,14 +313,29 @@ def goodput(train_dir: Path) -> dict[str, Any] | None:
     }
 
 
-def _redone_steps(moved: list[dict[str, Any]]) -> int:
-    """Steps a resume ran again: per `superseded` header, the last step its moved records reached past
-    the step it resumed at."""
-    total, resumed_at, reached = 0, None, 0
+def _redone_steps(kept: list[dict[str, Any]], moved: list[dict[str, Any]]) -> int:
+    """Steps a resume ran again. Each resume event that says which step the dead process reached
+    (`reached_step`) counts reached - resumed step, whether the dead process logged those steps or
+    not. A resume without it (written before the marker) counts its `superseded` block instead: the
+    last step the moved train records reached past the step it resumed at."""
+    marked: dict[int, int] = {}  # resumed-at step -> resumes at it that carry reached_step
+    total = 0
+    for record in [*kept, *moved]:
+        if (
+            record.get("event") == "resume"
+            and _finite(record.get("reached_step"))
+            and _finite(record.get("step"))
+        ):
+            total += max(0, int(record["reached_step"]) - int(record["step"]))
+            marked[int(record["step"])] = marked.get(int(record["step"]), 0) + 1
+    resumed_at, reached = None, 0
     for record in [*moved, {"event": "superseded"}]:  # the sentinel closes the last block
         if record.get("event") == "superseded":
             if resumed_at is not None:
-                total += max(0, reached - resumed_at)
+                if marked.get(resumed_at, 0) > 0:  # counted from its resume event
+                    marked[resumed_at] -= 1
+                else:
+                    total += max(0, reached - resumed_at)
             resumed_at = int(record.get("resumed_at_step") or 0) if "resumed_at_step" in record else None
             reached = resumed_at or 0
         elif record.get("kind") == "train":

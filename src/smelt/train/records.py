@@ -13,7 +13,7 @@ from smelt.config import hash_json
 from smelt.manifest import write_json
 from smelt.model.flops import mfu
 from smelt.progress import log, progress
-from smelt.train.goodput import run_goodput, say_interval_hint
+from smelt.train.goodput import StepMarker, run_goodput, say_interval_hint
 from smelt.train.precision import peak_source
 from smelt.train.setup import last_logged_loss, write_run_manifest
 from smelt.train.watchdog import Watchdog
@@ -25,6 +25,10 @@ def announce(t: Any) -> None:
     ctx, tc, plan, schedule = t.ctx, t.tc, t.plan, t.schedule
     resume_from, start_step, parent = t.resume_from, t.start_step, t.parent
     start_tokens = plan.tokens_at(start_step)
+    # How far the process this one resumes from got (goodput's redone steps), before this one's marker.
+    reached = StepMarker.read(t.out_dir) if resume_from is not None and ctx.is_main else None
+    if ctx.is_main:
+        t.window.ranks.marker = StepMarker(t.out_dir, start_step)
     t.metrics.write({
         "kind": "event", "step": start_step, "tokens": start_tokens,
         "event": "start" if resume_from is None else "resume", "steps": plan.steps,
@@ -42,6 +46,7 @@ def announce(t: Any) -> None:
         **({"parent": t.identity["parent"]} if parent is not None else {}),
         **({"world_size_changed": True} if resume_from is not None and t.rank_state is None else {}),
         **({"superseded_records": t.superseded} if resume_from is not None else {}),
+        **({"reached_step": reached} if reached is not None else {}),
     })  # fmt: skip
     if ctx.is_main:
         write_run_manifest(
