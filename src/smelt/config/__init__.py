@@ -16,7 +16,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -44,6 +44,7 @@ from smelt.config.env import expand_env
 from smelt.config.fields import option
 from smelt.config.moe import check_expert_parallel, check_moe
 from smelt.config.presets import MODEL_PRESETS
+from smelt.config.size_rules import SizedValue, apply_size_rules
 from smelt.errors import ConfigError
 
 
@@ -424,6 +425,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    # The size-ruled keys with where each value came from (config_from_dict sets it); not a config key,
+    # so not in the saved config or its hash.
+    sized: ClassVar[list[SizedValue]] = []
 
     @property
     def run_dir(self) -> Path:
@@ -467,6 +471,8 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 def config_from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
     raw = json.loads(json.dumps(raw))  # deep copy; TOML values are JSON values
+    given = {f"{section}.{key}" for section, values in raw.items() if isinstance(values, dict) for key in values}
+    preset_keys: set[str] = set()
     model = raw.get("model")
     if isinstance(model, dict) and model.get("preset"):
         name = model["preset"]
@@ -476,7 +482,10 @@ def config_from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
                 f"Known presets: {', '.join(MODEL_PRESETS)}."
             )
         raw["model"] = {**MODEL_PRESETS[name], **model}
+        preset_keys = {f"model.{key}" for key in MODEL_PRESETS[name]}
     cfg = _build(Config, raw, "", origin)
+    # Unset lr, init_std, batch_tokens and warmup_tokens follow the model's size (size_rules.py).
+    cfg.sized = apply_size_rules(cfg, given, preset_keys)
     _check_cross_fields(cfg, origin)
     return cfg
 

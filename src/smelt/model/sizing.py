@@ -96,8 +96,13 @@ def describe_config(
 def describe_preset(
     name: str, seq_len: int | None = None, vocab_size: int = DEFAULT_VOCAB
 ) -> list[tuple[str, str]]:
-    """Rows for `smelt plan model PRESET`."""
-    return [("preset", name), *describe_config(preset_config(name), vocab_size, seq_len)]
+    """Rows for `smelt plan model PRESET`: its shape and sizes, then the training values that follow its
+    size where a config leaves them unset (config/size_rules.py), each with where it came from."""
+    from smelt.config import config_from_dict
+
+    sized = config_from_dict({"model": {"preset": name}}).sized
+    return [("preset", name), *describe_config(preset_config(name), vocab_size, seq_len),
+            *((f"{s.key} unless set", s.describe()) for s in sized)]  # fmt: skip
 
 
 def preset_budget_rows(

@@ -65,6 +65,9 @@ def pilot_checks(cfg: Config, tokens_dir: Path, tokenizer_dir: Path) -> list[tup
     tc = cfg.train  # the mesh keys: ConfigError when they cannot be launched
     if tc.tensor_parallel > 1 or tc.context_parallel > 1 or tc.pipeline_parallel > 1 or tc.data_parallel:
         results.append(("parallel layout", True, check_layout_keys(cfg)))
+    for sized in cfg.sized:  # what follows the model's size, and where each value came from
+        far = "; more than 3x from its rule: keep it only if measured" if sized.far_from_rule else ""
+        results.append((sized.key, True, sized.describe() + far))
     cfg = _cpu_config(cfg)
     vocab = read_vocab_size(tokenizer_dir)
     batch = _fixed_batch(cfg, tokens_dir, tokenizer_dir)

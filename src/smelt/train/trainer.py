@@ -97,6 +97,9 @@ def train(
     tc = cfg.train
     resolve_device(tc.device)  # validates the name with a clear message
     set_deterministic(tc.deterministic)
+    for sized in cfg.sized:  # lr, init std, batch or warmup set far from the model size's rule
+        if sized.far_from_rule:
+            say(f"warning: {sized.warning()}")
     _, _, local_rank = env_world()
     device = device_for(tc.device, local_rank)
     ctx = init_distributed(device)
