@@ -9,6 +9,14 @@ full init, DDP checks and broadcasts it) and must differ on anything that should
 rank (dropout masks, sampling). `rank_seed` derives the second kind from the run seed and the rank,
 so a copy-pasted seed can never make two ranks draw the same "random" numbers — the tensor-parallel
 same-seed bug that cost one team a restart — and a new world size never changes the initial weights.
+
+Restarts under `torchrun --max-restarts`: torchrun keeps one key-value store for the whole launch
+(TORCHELASTIC_USE_AGENT_STORE), and the address each rank of an attempt publishes there to build its
+process groups stays after the attempt died. A restarted rank could read a dead rank's address and
+fail to connect (`Gloo connectFullMesh failed ... Connection refused`), in the default group or in the
+checkpointer's gloo group. So every attempt works under a key prefix of its own, which its ranks agree
+on first (attempt_name); torchrun's restart count cannot serve, since it differs between nodes once
+one node has restarted and the others only rejoined.
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ import datetime
 import hashlib
 import math
 import os
+import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -70,6 +80,9 @@ def device_for(name: str, local_rank: int) -> torch.device:
     return device
 
 
+GROUP_TIMEOUT = datetime.timedelta(minutes=30)
+
+
 def init_distributed(device: torch.device) -> DistContext:
     """Join the torchrun process group (nccl on CUDA, gloo on CPU); a no-op for a single process."""
     rank, world_size, local_rank = env_world()
@@ -80,13 +93,60 @@ def init_distributed(device: torch.device) -> DistContext:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=30))
+    store = attempt_store(rank, world_size)
+    where = {"store": store, "rank": rank, "world_size": world_size} if store is not None else {}
+    dist.init_process_group(backend=backend, timeout=GROUP_TIMEOUT, **where)
     return DistContext(rank, world_size, local_rank, owns_group=True)
 
 
 def shutdown(ctx: DistContext) -> None:
     if ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def attempt_store(rank: int, world_size: int) -> dist.Store | None:
+    """Under torchrun's launch-wide store: that store, under the prefix of this attempt (attempt_name),
+    for every process group of the run. None elsewhere (init_process_group then reads the
+    environment as usual: a store that rank 0 creates anew for every launch)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore(host, port, world_size, is_master=False, timeout=GROUP_TIMEOUT)
+    return dist.PrefixStore(f"smelt/attempt/{attempt_name(store, rank, world_size)}", store)
+
+
+def attempt_name(
+    store: dist.Store, rank: int, world_size: int, timeout_s: float | None = None, poll_s: float = 0.01
+) -> str:
+    """A name that every rank of this launch attempt gets and no earlier attempt used, agreed over
+    `store`, where keys of earlier attempts may remain.
+
+    Rank 0 draws the name. Every other rank publishes a fresh random token under its rank and waits
+    for the name under that token: only this attempt's rank 0 can have read the token, so a rank never
+    takes an earlier attempt's name. Rank 0 keeps answering the tokens it finds, stale ones included
+    (nobody waits for those), until every other rank has confirmed under the new name."""
+    if rank != 0:
+        token = uuid.uuid4().hex
+        store.set(f"smelt/join/{rank}", token)
+        name = store.get(f"smelt/welcome/{token}").decode()  # waits up to the store's timeout
+        store.add(f"smelt/ready/{name}", 1)
+        return name
+    name = uuid.uuid4().hex
+    keys = [f"smelt/join/{r}" for r in range(1, world_size)]
+    answered: set[bytes] = set()
+    timeout_s = GROUP_TIMEOUT.total_seconds() if timeout_s is None else timeout_s
+    deadline = time.monotonic() + timeout_s
+    while keys and store.add(f"smelt/ready/{name}", 0) < len(keys):
+        tokens = [t for t in store.multi_get(keys) if t not in answered]  # waits until each joined once
+        if tokens:
+            store.multi_set([f"smelt/welcome/{t.decode()}" for t in tokens], [name] * len(tokens))
+            answered.update(tokens)
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the other ranks of this torchrun attempt did not join rank 0 within {timeout_s:g} s"
+            )
+        time.sleep(poll_s)
+    return name
 
 
 def from_main(ctx: DistContext, device: torch.device, compute: Callable[[], float | None]) -> float | None:
