@@ -7,7 +7,10 @@ a positional argument (`curate quality-train CONFIG` beside `curate CONFIG`). Bu
 imports no torch: handlers import what they need when they run.
 
 Exit codes: 0 done, 1 failed while running, 2 bad input (config, paths, data) with a message that
-names the offending key, file or record and how to fix it.
+names the offending key, file or record and how to fix it, 75 a training run stopped by SIGTERM or
+SIGINT after committing a checkpoint (run the command again to go on), 124 the watchdog
+(train/watchdog.py), 130 interrupted elsewhere. A rank of torchrun, or the child of `smelt train
+--max-restarts`, ends when its launcher does (watchdog.die_with_parent).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from smelt.errors import UserError
 from smelt.pipeline_commands import QUICKSTART_CONFIG
 from smelt.progress import launch_rank
+from smelt.train.watchdog import StopRequested, die_with_parent, launched
 
 # In the order `smelt --help` lists their commands.
 COMMAND_MODULES = (
@@ -101,6 +105,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if launched():  # a rank of torchrun or a supervised child: no orphan that trains on alone
+        die_with_parent()
     rank = launch_rank()
     # Under torchrun every rank runs this same command. Rank 0 prints the tables and summaries; the
     # other ranks' stdout would only repeat them (with their own timings), so it goes nowhere, and so
@@ -125,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # Still running: rank 0 did not stop on this input, so this rank found a problem of its own.
                 print(f"smelt: [rank {rank}] error: {exc}", file=sys.stderr)
             return 2
+        except StopRequested as exc:  # SIGTERM or SIGINT while training: the checkpoint is committed
+            if rank == 0:
+                print(f"smelt: {exc}", file=sys.stderr)
+            return exc.exit_code
         except KeyboardInterrupt:
             if rank == 0:
                 print("smelt: interrupted", file=sys.stderr)

@@ -38,6 +38,7 @@ from torch import nn
 
 from smelt.errors import ConfigError
 from smelt.train.collectives import all_reduce_sum
+from smelt.train.watchdog import die_with_parent, launched
 
 if TYPE_CHECKING:
     from smelt.train.mesh import TrainMesh
@@ -84,7 +85,10 @@ GROUP_TIMEOUT = datetime.timedelta(minutes=30)
 
 
 def init_distributed(device: torch.device) -> DistContext:
-    """Join the torchrun process group (nccl on CUDA, gloo on CPU); a no-op for a single process."""
+    """Join the torchrun process group (nccl on CUDA, gloo on CPU); a no-op for a single process.
+    A rank of a launcher (torchrun, the supervisor) ends with it, from here on (watchdog.py)."""
+    if launched():
+        die_with_parent()
     rank, world_size, local_rank = env_world()
     if world_size <= 1:
         return DistContext(0, 1, 0, owns_group=False)
@@ -102,6 +106,16 @@ def init_distributed(device: torch.device) -> DistContext:
 def shutdown(ctx: DistContext) -> None:
     if ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(device: torch.device) -> Iterator[DistContext]:
+    """init_distributed, and shutdown at the end."""
+    ctx = init_distributed(device)
+    try:
+        yield ctx
+    finally:
+        shutdown(ctx)
 
 
 def attempt_store(rank: int, world_size: int) -> dist.Store | None:

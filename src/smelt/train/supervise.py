@@ -7,7 +7,9 @@ Bad input (exit code 2) is not retried: the same config fails the same way. Nor 
 stopped itself on purpose (an `on_* = "stop"` alert, too many skipped steps in a row, non-finite
 weights): its end record in metrics.jsonl says `"deterministic": true`, since a restart from the
 last checkpoint would replay the same data to the same stop; the supervisor then exits with
-STOPPED_EXIT_CODE. After N restarts it gives up with a summary and exit code 1.
+STOPPED_EXIT_CODE. A child stopped by SIGTERM or SIGINT after committing a checkpoint
+(SIGNAL_EXIT_CODE) is not relaunched either. After N restarts it gives up with a summary and exit
+code 1.
 
 Every launch and exit goes to RUN/restarts.jsonl (the child owns RUN/train/metrics.jsonl). The
 child sees SMELT_ATTEMPT=1, 2, ... in its environment.
@@ -43,7 +45,7 @@ from smelt.checkpoint.store import (
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.progress import log
-from smelt.train.watchdog import WATCHDOG_EXIT_CODE
+from smelt.train.watchdog import SIGNAL_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
 
 RESTARTS_LOG = "restarts.jsonl"
 DEFAULT_BACKOFF_S = 5.0
@@ -69,6 +71,8 @@ def describe_exit(code: int) -> str:
         return "failed (the traceback above says where)"
     if code == BAD_INPUT_EXIT_CODE:
         return "bad input (the message above names the key or file)"
+    if code == SIGNAL_EXIT_CODE:
+        return "stopped by SIGTERM or SIGINT after committing a checkpoint"
     if code == WATCHDOG_EXIT_CODE:
         return "stopped by the watchdog (no progress; stacks in the log)"
     if code == INTERRUPTED_EXIT_CODE:
@@ -144,8 +148,9 @@ def supervise(
     """Run `command` and relaunch `restart_command` (default: the same) after each crash, at most
     `max_restarts` times. Returns the Outcome; its exit_code is 0 on success, 1 after giving up,
     2 for bad input, STOPPED_EXIT_CODE when the run stopped itself in a way a restart would repeat
-    (its end record in checkpoints_dir/../metrics.jsonl says so), 128 + the signal number when
-    stopped by SIGINT or SIGTERM. `sleep` replaces the backoff wait (tests); by default a SIGTERM cuts
+    (its end record in checkpoints_dir/../metrics.jsonl says so), SIGNAL_EXIT_CODE when the child
+    stopped on SIGTERM or SIGINT with its checkpoint committed, 128 + the signal number when stopped
+    otherwise by SIGINT or SIGTERM. `sleep` replaces the backoff wait (tests); by default a SIGTERM cuts
     the wait short."""
     if max_restarts < 0:
         raise UserError(f"--max-restarts {max_restarts} must be 0 or more.")
@@ -186,6 +191,13 @@ def supervise(
                                "checkpoint_step": outcome.last_step})  # fmt: skip
             if code == 0:
                 outcome.exit_code = 0
+                break
+            if code == SIGNAL_EXIT_CODE:  # a stop someone asked for; the checkpoint is committed
+                outcome.exit_code = SIGNAL_EXIT_CODE
+                _say(
+                    f"supervisor: not restarting: training stopped on a signal after committing its checkpoint "
+                    f"of step {outcome.last_step}; run the same command again to continue from it"
+                )
                 break
             if stopping or code == INTERRUPTED_EXIT_CODE:
                 outcome.exit_code = 128 + (stopping[0] if stopping else signal.SIGINT)
@@ -337,8 +349,9 @@ def run_supervised(
 
 
 def _wait_after_interrupt(child: subprocess.Popen) -> int:
+    # The child got the Ctrl-C too: it finishes its step and saves (within its stop grace), then ends.
     try:
-        return child.wait(timeout=30)
+        return child.wait(timeout=stop_grace_s() + 10)
     except (subprocess.TimeoutExpired, KeyboardInterrupt):
         child.kill()
         return child.wait()

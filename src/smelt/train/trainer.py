@@ -49,9 +49,8 @@ from smelt.train.distributed import (
     device_for,
     env_world,
     from_main,
-    init_distributed,
+    process_group,
     rank_seed,
-    shutdown,
 )
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
 from smelt.train.goodput import clock, timed
@@ -79,6 +78,7 @@ from smelt.train.setup import (
 )
 from smelt.train.speed import training_forward
 from smelt.train.step import finish_grads, forward_backward
+from smelt.train.watchdog import StopSignals, stop_on_signal
 from smelt.train.window import Window
 
 
@@ -102,11 +102,8 @@ def train(
             say(f"warning: {sized.warning()}")
     _, _, local_rank = env_world()
     device = device_for(tc.device, local_rank)
-    ctx = init_distributed(device)
-    try:
+    with process_group(device) as ctx, StopSignals():  # SIGTERM/SIGINT: stop after a step, saved
         return Trainer(cfg, tokens_dir, tokenizer_dir, out_dir, resume, ctx, device, started).train()
-    finally:
-        shutdown(ctx)
 
 
 class Trainer:
@@ -157,6 +154,7 @@ class Trainer:
                 self.write_all(self.checkpointer.poll())
                 if step == 1 or step % tc.log_every == 0 or step == plan.steps:
                     self.log_window(step, tokens, lr, norm, parts[-1].stage.name)
+                stop_on_signal(self, step)
                 if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
                     self.evaluate(step, self.window.train_time)
                 if self.inloop is not None and self.inloop.due(step) and (self.sharded or self.ctx.is_main):
