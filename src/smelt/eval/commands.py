@@ -61,15 +61,21 @@ def _eval(args: argparse.Namespace) -> int:
         return _eval_checkpoint(
             cfg, args.checkpoint, args.tasks, args.limit, args.force, args.data, args.data_field
         )
-    from smelt.eval.run import evaluate_checkpoints, write_views
+    from smelt.eval.run import TasksLeftOut, evaluate_checkpoints, write_views
     from smelt.pipeline import run_stage
 
-    outcome = run_stage(cfg, "eval", force=args.force, check_upstream=True)
-    result = outcome.result
-    if outcome.skipped:
-        # The stage's manifest holds its config and upstream artifacts, not the content of the task
-        # and benchmark files: score what changed there (nothing, when nothing did).
-        (result,) = evaluate_checkpoints(cfg, cfg.run_dir, "latest")
+    try:
+        outcome = run_stage(cfg, "eval", force=args.force, check_upstream=True)
+        result = outcome.result
+        if outcome.skipped:
+            # The stage's manifest holds its config and upstream artifacts, not the content of the task
+            # and benchmark files: score what changed there (nothing, when nothing did).
+            (result,) = evaluate_checkpoints(cfg, cfg.run_dir, "latest")
+    except TasksLeftOut as exc:  # the good tasks were scored: show them, then name the bad ones
+        write_views(cfg.run_dir / "eval")
+        for result in exc.results:
+            print_table(eval_rows(result))
+        raise
     write_views(cfg.run_dir / "eval")
     print_table(eval_rows(result))
     return 0
@@ -111,7 +117,7 @@ def _eval_checkpoint(
 ) -> int:
     """Score what the checkpoints' step files lack of what was asked for, and print what was asked
     for (a step file may hold more: other tasks and text sets scored before)."""
-    from smelt.eval.run import evaluate_checkpoints, plan_request
+    from smelt.eval.run import TasksLeftOut, evaluate_checkpoints, plan_request
     from smelt.summary import eval_rows, print_table
 
     if limit is not None and limit < 0:
@@ -120,7 +126,11 @@ def _eval_checkpoint(
     if data and names is None:
         names = []  # --data alone scores the text sets only
     request = plan_request(cfg, cfg.run_dir, names, limit, data or (), data_field, heldout=not data)
-    results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, force=force, request=request)
+    left_out = None
+    try:
+        results = evaluate_checkpoints(cfg, cfg.run_dir, checkpoint, force=force, request=request)
+    except TasksLeftOut as exc:  # the good tasks were scored: show them, then name the bad ones
+        left_out, results = exc, exc.results
     for result in results:
         asked = {**result, "tasks": {n: t for n, t in result.get("tasks", {}).items() if n in request.specs}}
         if data:
@@ -128,6 +138,8 @@ def _eval_checkpoint(
         print_table(eval_rows(asked) + data_rows(result, list(request.data)))
         print()
     print(f"written: {cfg.run_dir / 'eval'} (step files, curves.jsonl, gallery.json)")
+    if left_out is not None:
+        raise left_out
     return 0
 
 

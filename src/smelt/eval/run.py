@@ -30,6 +30,7 @@ from smelt.eval.results import (
     write_views,
 )
 from smelt.eval.tasks import (
+    Task,
     TaskSpec,
     configured_tasks_dir,
     find_tasks_dir,
@@ -41,7 +42,15 @@ from smelt.eval.tasks import (
 from smelt.manifest import combined_hash, hash_file, hash_files, read_manifest, write_json
 from smelt.progress import log
 
-__all__ = ["CURVES", "GALLERY", "evaluate_checkpoint", "evaluate_checkpoints", "evaluate_run", "write_views"]
+__all__ = [
+    "CURVES",
+    "GALLERY",
+    "TasksLeftOut",
+    "evaluate_checkpoint",
+    "evaluate_checkpoints",
+    "evaluate_run",
+    "write_views",
+]
 
 
 def default_tasks(cfg: Config) -> list[str]:
@@ -68,6 +77,24 @@ class Request:
     data: dict[str, Path] = field(default_factory=dict)
     data_field: str = "text"
     keys: dict[str, Any] = field(default_factory=dict)
+    loaded: dict[str, Task] = field(default_factory=dict)  # each task read and checked before scoring
+    failed: dict[str, str] = field(default_factory=dict)  # task -> why it is left out (its file named)
+
+
+class TasksLeftOut(UserError):
+    """Some tasks asked for could not be read (a bad task file, a missing or malformed data file).
+    They were checked before anything was scored and left out; everything else was scored and
+    written. `results` holds what was written, so a command can still print it."""
+
+    def __init__(self, failed: dict[str, str], results: list[dict[str, Any]]) -> None:
+        lines = "\n".join(f"  {name}: {why}" for name, why in failed.items())
+        rest = (
+            "the rest was scored and written"
+            if results
+            else "nothing else was asked for, so nothing was scored"
+        )
+        super().__init__(f"{len(failed)} task(s) could not be read and were left out ({rest}):\n{lines}")
+        self.failed, self.results = failed, results
 
 
 def heldout_key(cfg: Config, run_dir: Path) -> str:
@@ -100,18 +127,28 @@ def plan_request(
     names = default_tasks(cfg) if tasks is None else list(tasks)
     limit = e.limit if limit is None else limit
     tasks_dir = configured_tasks_dir(e.tasks_dir)
-    specs = {}
+    specs, loaded, failed = {}, {}, {}
     for name in names:
         try:
             spec = get_spec(name, tasks_dir)
-        except UserError:
+        except UserError as exc:
             if tasks_dir is None:
                 resolve_tasks_dir(e.tasks_dir)  # the task may be a file there: say where it looked
-            raise
+            failed[name] = str(exc)
+            continue
         if spec.needs_files() and spec.root(tasks_dir) is None:
             resolve_tasks_dir(e.tasks_dir)  # says where it looked and how to set it
+        try:  # read and check every task now, before minutes of scoring, not when its turn comes
+            loaded[spec.name] = load_task(spec, tasks_dir, limit, e.shots)
+        except UserError as exc:
+            failed[spec.name] = str(exc)
+            continue
         specs[spec.name] = spec
-    request = Request(specs, tasks_dir, limit, data_field=data_field)
+    for name, why in failed.items():
+        log(f"[eval] task {name} left out: {why}")
+    if failed and not specs and not heldout and not data:
+        raise TasksLeftOut(failed, [])  # nothing else was asked for
+    request = Request(specs, tasks_dir, limit, data_field=data_field, loaded=loaded, failed=failed)
     keys: dict[str, Any] = {}
     if heldout:
         keys["heldout"] = heldout_key(cfg, run_dir)
@@ -241,7 +278,7 @@ class TaskCache:
     def get(self, name: str, tokenizer: Any, max_len: int) -> Prepared:
         if (name, max_len) not in self.prepared:
             e, r = self.cfg.eval, self.request
-            task = load_task(r.specs[name], r.tasks_dir, r.limit, e.shots)
+            task = r.loaded.get(name) or load_task(r.specs[name], r.tasks_dir, r.limit, e.shots)
             self.prepared[name, max_len] = prepare(task, tokenizer, max_len, e.overlong, e.convention)
         return self.prepared[name, max_len]
 
@@ -337,8 +374,14 @@ def evaluate_checkpoint(
     and write the file; return the file's content, plus `wall_time_s` when anything was scored."""
     from smelt.checkpoint.store import read_meta
 
+    if request is None:  # one checkpoint on its own: say which tasks were left out once it is written
+        request = plan_request(cfg, run_dir, tasks, limit)
+        result = evaluate_checkpoint(cfg, run_dir, out_dir, path, cache=cache, device=device, request=request,
+                                     force=force)  # fmt: skip
+        if request.failed:
+            raise TasksLeftOut(request.failed, [result])
+        return result
     started = time.time()
-    request = request or plan_request(cfg, run_dir, tasks, limit)
     meta = read_meta(path, verify=False)
     target = out_dir / result_name(path, meta)
     checkpoint_hash = combined_hash(meta.get("checksums", {}))
@@ -377,7 +420,9 @@ def evaluate_checkpoints(
 ) -> list[dict[str, Any]]:
     """Evaluate `which` checkpoints, each scoring only what its step file lacks (unless `force`),
     then rebuild the views. `data`: text sets to score bits per byte on; `heldout`: whether the run's
-    validation split and the samples are part of the request; `request`: all of these, planned."""
+    validation split and the samples are part of the request; `request`: all of these, planned.
+    Tasks that cannot be read are left out and the rest scored; TasksLeftOut then names them, after
+    everything else is written."""
     out_dir = run_dir / "eval"
     request = request or plan_request(cfg, run_dir, tasks, limit, data, data_field, heldout)
     cache = TaskCache(cfg, request)
@@ -387,6 +432,8 @@ def evaluate_checkpoints(
                                      force=force)  # fmt: skip
         results.append(result)
     write_views(out_dir)
+    if request.failed:
+        raise TasksLeftOut(request.failed, results)
     return results
 
 

@@ -183,29 +183,47 @@ def builtin_specs() -> dict[str, TaskSpec]:
     return dict(_builtin(str(BUILTIN_DIR)))
 
 
-def find_specs(tasks_dir: Path | None) -> dict[str, TaskSpec]:
-    """The built-in tasks, then the task files at the top of the tasks directory (which replace a
-    built-in task of the same name)."""
-    specs = builtin_specs()
+def scan_tasks_dir(tasks_dir: Path | None) -> tuple[dict[str, TaskSpec], dict[str, UserError]]:
+    """The task files at the top of the tasks directory: the specs of those that read, by name, and
+    the error of each that does not, by file name without `.toml`. A bad file stops only the task it
+    defines, not every other task of the directory."""
+    specs: dict[str, TaskSpec] = {}
+    bad: dict[str, UserError] = {}
     if tasks_dir is not None and tasks_dir.is_dir():
         for path in sorted(tasks_dir.glob("*.toml")):
-            spec = read_task_file(path)
+            try:
+                spec = read_task_file(path)
+            except UserError as exc:
+                bad[path.stem] = exc
+                continue
             specs[spec.name] = spec
-    return specs
+    return specs, bad
+
+
+def find_specs(tasks_dir: Path | None) -> dict[str, TaskSpec]:
+    """The built-in tasks, then the task files at the top of the tasks directory (which replace a
+    built-in task of the same name); task files that cannot be read are left out (get_spec names them)."""
+    return {**builtin_specs(), **scan_tasks_dir(tasks_dir)[0]}
 
 
 def get_spec(name: str, tasks_dir: Path | None = None) -> TaskSpec:
-    """A task by name (built-in, or a task file in tasks_dir), or by the path of its task file."""
+    """A task by name (built-in, or a task file in tasks_dir), or by the path of its task file. A task
+    whose task file in tasks_dir cannot be read raises that file's error, even over a built-in task of
+    the same name."""
     if name.endswith(".toml"):
         path = Path(name).expanduser()
         if not path.is_file():
             raise UserError(f"task file {name!r} in eval.tasks / --tasks does not exist (from {Path.cwd()}).")
         return read_task_file(path, base=path.resolve().parent)
-    specs = find_specs(tasks_dir)
+    found, bad = scan_tasks_dir(tasks_dir)
+    if name in bad and name not in found:
+        raise bad[name]
+    specs = {**builtin_specs(), **found}
     if name not in specs:
+        unread = f" (task files that could not be read: {', '.join(f'{n}.toml' for n in bad)})" if bad else ""
         raise UserError(
-            f"unknown task {name!r} in eval.tasks / --tasks; known tasks: {', '.join(specs)}. A new task is a "
-            f"task file (docs/evaluation.md): put NAME.toml in the tasks directory, or pass its path."
+            f"unknown task {name!r} in eval.tasks / --tasks; known tasks: {', '.join(specs)}{unread}. A new task "
+            f"is a task file (docs/evaluation.md): put NAME.toml in the tasks directory, or pass its path."
         )
     return specs[name]
 
