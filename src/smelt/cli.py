@@ -7,10 +7,11 @@ a positional argument (`curate quality-train CONFIG` beside `curate CONFIG`). Bu
 imports no torch: handlers import what they need when they run.
 
 Exit codes: 0 done, 1 failed while running, 2 bad input (config, paths, data) with a message that
-names the offending key, file or record and how to fix it, 75 a training run stopped by SIGTERM or
-SIGINT after committing a checkpoint (run the command again to go on), 124 the watchdog
-(train/watchdog.py), 130 interrupted elsewhere. A rank of torchrun, or the child of `smelt train
---max-restarts`, ends when its launcher does (watchdog.die_with_parent).
+names the offending key, file or record and how to fix it, 3 a training run that stopped itself in a
+way a restart would repeat (an alert's "stop", too many skipped steps, non-finite weights), 75 a
+training run stopped by SIGTERM or SIGINT after committing a checkpoint (run the command again to go
+on), 124 the watchdog (train/watchdog.py), 130 interrupted elsewhere. A rank of torchrun, or the
+child of `smelt train --max-restarts`, ends when its launcher does (watchdog.die_with_parent).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from smelt.errors import UserError
 from smelt.pipeline_commands import QUICKSTART_CONFIG
 from smelt.progress import launch_rank
-from smelt.train.watchdog import StopRequested, die_with_parent, launched
+from smelt.train.watchdog import STOPPED_EXIT_CODE, StopRequested, die_with_parent, launched
 
 # In the order `smelt --help` lists their commands.
 COMMAND_MODULES = (
@@ -139,7 +140,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             if rank == 0:
                 print("smelt: interrupted", file=sys.stderr)
             return 130
-        except Exception:  # a failure while running: show everything, it is a bug or an environment problem
+        except Exception as exc:
+            if _stopped_itself(exc):
+                if rank == 0:
+                    print(
+                        f"smelt: {exc} (exit {STOPPED_EXIT_CODE}: the run stopped itself, and a restart from its "
+                        f"last checkpoint would replay the same data to the same stop, so --max-restarts does "
+                        f"not relaunch it.)",
+                        file=sys.stderr,
+                    )
+                return STOPPED_EXIT_CODE
+            # A failure while running: show everything, it is a bug or an environment problem.
             text = (
                 traceback.format_exc()
                 + "smelt: failed while running (exit 1); the traceback above says where."
@@ -148,6 +159,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 text = "\n".join(f"[rank {rank}] {line}" for line in text.splitlines())
             print(text, file=sys.stderr)
             return 1
+
+
+def _stopped_itself(exc: Exception) -> bool:
+    """Whether `exc` is a training run's deliberate stop (train/alerts.py's TrainingStopped). Read
+    from the loaded modules: only a run that imported alerts.py can raise it, and a failure of any
+    other command should not import torch just to find out."""
+    alerts = sys.modules.get("smelt.train.alerts")
+    return alerts is not None and isinstance(exc, alerts.TrainingStopped)
 
 
 def _wait_for_rank_0() -> None:

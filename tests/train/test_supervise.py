@@ -26,7 +26,7 @@ CHILD = textwrap.dedent(
     step_dir.mkdir(parents=True)
     (step_dir / "meta.json").write_text(json.dumps({"step": 10 * attempt}))
     (step_dir / "COMMITTED").write_text("")
-    sys.exit(3 if attempt <= fail_until else 0)
+    sys.exit(1 if attempt <= fail_until else 0)
     """
 )
 
@@ -44,7 +44,7 @@ def test_fails_twice_then_succeeds(tmp_path, capsys):
     log = tmp_path / "restarts.jsonl"
     outcome = supervise(fake(tmp_path, 2), tmp_path / "ckpts", log, 3, backoff_base_s=0.5, sleep=waits.append)
     assert outcome.exit_code == 0
-    assert outcome.exit_codes == [3, 3, 0] and outcome.attempts == 3 and outcome.last_step == 30
+    assert outcome.exit_codes == [1, 1, 0] and outcome.attempts == 3 and outcome.last_step == 30
     assert waits == [0.5, 1.0]  # exponential backoff
     log_events = events(log)
     assert [e["event"] for e in log_events] == [
@@ -52,7 +52,7 @@ def test_fails_twice_then_succeeds(tmp_path, capsys):
     ]  # fmt: skip
     launches = [e for e in log_events if e["event"] == "launch"]
     assert [e["resume_step"] for e in launches] == [None, 10, 20]  # restored from the latest checkpoint
-    assert log_events[-1]["exit_codes"] == [3, 3, 0]
+    assert log_events[-1]["exit_codes"] == [1, 1, 0]
     err = capsys.readouterr().err
     assert "restart 1/3" in err and "from checkpoint step 10" in err and "restart 2/3" in err
 
@@ -63,11 +63,11 @@ def test_always_failing_gives_up_after_n_restarts_with_a_summary(tmp_path, capsy
         fake(tmp_path, 99), tmp_path / "ckpts", log, 2, backoff_base_s=0, sleep=lambda s: None
     )
     assert outcome.exit_code == 1
-    assert outcome.exit_codes == [3, 3, 3]
+    assert outcome.exit_codes == [1, 1, 1]
     summary = events(log)[-1]
     assert summary == {**summary, "event": "gave_up", "attempts": 3, "restarts": 2, "last_step": 30}
     err = capsys.readouterr().err
-    assert "giving up after 3 attempts (2 restarts)" in err and "[3, 3, 3]" in err and "step 30" in err
+    assert "giving up after 3 attempts (2 restarts)" in err and "[1, 1, 1]" in err and "step 30" in err
 
 
 def test_bad_input_is_not_retried(tmp_path, capsys):

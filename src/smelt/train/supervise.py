@@ -5,11 +5,12 @@ out-of-memory kill, the watchdog), it waits an exponential backoff and launches 
 again; the train stage resumes an interrupted run from the latest committed checkpoint on its own.
 Bad input (exit code 2) is not retried: the same config fails the same way. Nor is a run that
 stopped itself on purpose (an `on_* = "stop"` alert, too many skipped steps in a row, non-finite
-weights): its end record in metrics.jsonl says `"deterministic": true`, since a restart from the
-last checkpoint would replay the same data to the same stop; the supervisor then exits with
-STOPPED_EXIT_CODE. A child stopped by SIGTERM or SIGINT after committing a checkpoint
-(SIGNAL_EXIT_CODE) is not relaunched either. After N restarts it gives up with a summary and exit
-code 1.
+weights): the child exits with STOPPED_EXIT_CODE and its end record in metrics.jsonl says
+`"deterministic": true`, since a restart from the last checkpoint would replay the same data to the
+same stop; the supervisor then exits with STOPPED_EXIT_CODE too. A child stopped by SIGTERM or SIGINT
+after committing a checkpoint (SIGNAL_EXIT_CODE) is not relaunched either. Nor is a crash when the
+disk holding the checkpoints has less room than one checkpoint takes: the next save would fail the
+same way (exit code 1, saying so). After N restarts it gives up with a summary and exit code 1.
 
 Every launch and exit goes to RUN/restarts.jsonl (the child owns RUN/train/metrics.jsonl). The
 child sees SMELT_ATTEMPT=1, 2, ... in its environment.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,14 +47,12 @@ from smelt.checkpoint.store import (
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.progress import log
-from smelt.train.watchdog import SIGNAL_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
+from smelt.train.watchdog import SIGNAL_EXIT_CODE, STOPPED_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
 
 RESTARTS_LOG = "restarts.jsonl"
 DEFAULT_BACKOFF_S = 5.0
 MAX_BACKOFF_S = 300.0
 BAD_INPUT_EXIT_CODE = 2
-# The supervisor's exit code after a child stopped the run on purpose (train/alerts.py's TrainingStopped).
-STOPPED_EXIT_CODE = 3
 INTERRUPTED_EXIT_CODE = 130
 # How much of the end of metrics.jsonl is read for the child's end record.
 _TAIL_BYTES = 1 << 16
@@ -71,6 +71,8 @@ def describe_exit(code: int) -> str:
         return "failed (the traceback above says where)"
     if code == BAD_INPUT_EXIT_CODE:
         return "bad input (the message above names the key or file)"
+    if code == STOPPED_EXIT_CODE:
+        return "stopped itself (an alert, skipped steps or non-finite weights; the message above says which)"
     if code == SIGNAL_EXIT_CODE:
         return "stopped by SIGTERM or SIGINT after committing a checkpoint"
     if code == WATCHDOG_EXIT_CODE:
@@ -112,11 +114,8 @@ def checkpoint_step(checkpoints_dir: Path) -> tuple[int | None, Path | None]:
         return None, path
 
 
-def deterministic_stop(metrics_path: Path, since: float) -> dict[str, Any] | None:
-    """The end record of a run that stopped itself in a way a restart would repeat, when it is the
-    last end record of `metrics_path` and was written at or after `since` (a wall-clock time); else
-    None. Only the file's tail is read; the events of a save that committed while the run was
-    closing may follow the end record."""
+def last_event(metrics_path: Path, event: str) -> dict[str, Any] | None:
+    """The last `event` record in the tail of metrics.jsonl, or None."""
     try:
         with open(metrics_path, "rb") as handle:
             handle.seek(max(0, handle.seek(0, os.SEEK_END) - _TAIL_BYTES))
@@ -128,10 +127,47 @@ def deterministic_stop(metrics_path: Path, since: float) -> dict[str, Any] | Non
             record = json.loads(line)
         except ValueError:  # a line cut by a crash, or the first, cut by the seek
             continue
-        if isinstance(record, dict) and record.get("event") == "end":
-            fresh = float(record.get("time") or 0.0) >= since
-            return record if fresh and record.get("deterministic") is True else None
+        if isinstance(record, dict) and record.get("event") == event:
+            return record
     return None
+
+
+def deterministic_stop(metrics_path: Path, since: float) -> dict[str, Any] | None:
+    """The end record of a run that stopped itself in a way a restart would repeat, when it is the
+    last end record of `metrics_path` and was written at or after `since` (a wall-clock time); else
+    None. Only the file's tail is read; the events of a save that committed while the run was
+    closing may follow the end record."""
+    record = last_event(metrics_path, "end")
+    if record is None or float(record.get("time") or 0.0) < since:
+        return None
+    return record if record.get("deterministic") is True else None
+
+
+def directory_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def short_of_space(checkpoints_dir: Path) -> tuple[int, int, str] | None:
+    """(free bytes, bytes of one checkpoint, which checkpoint) when the filesystem that holds
+    `checkpoints_dir` has less room than one checkpoint takes, so the next save would fail; else None.
+    One checkpoint's size is the newest committed one's or, before any was committed, what the last
+    save that failed needed (its checkpoint_failed event in metrics.jsonl)."""
+    _, newest = checkpoint_step(checkpoints_dir)
+    if newest is not None:
+        needed, which = directory_bytes(newest), newest.name
+    else:
+        failed = last_event(checkpoints_dir.parent / "metrics.jsonl", "checkpoint_failed")
+        if failed is None or not failed.get("needed_mb"):
+            return None
+        needed, which = (
+            int(float(failed["needed_mb"]) * 1e6),
+            f"the step {failed.get('step')} save that failed",
+        )
+    where = checkpoints_dir
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    return (free, needed, which) if free < needed else None
 
 
 def supervise(
@@ -148,9 +184,10 @@ def supervise(
     """Run `command` and relaunch `restart_command` (default: the same) after each crash, at most
     `max_restarts` times. Returns the Outcome; its exit_code is 0 on success, 1 after giving up,
     2 for bad input, STOPPED_EXIT_CODE when the run stopped itself in a way a restart would repeat
-    (its end record in checkpoints_dir/../metrics.jsonl says so), SIGNAL_EXIT_CODE when the child
-    stopped on SIGTERM or SIGINT with its checkpoint committed, 128 + the signal number when stopped
-    otherwise by SIGINT or SIGTERM. `sleep` replaces the backoff wait (tests); by default a SIGTERM cuts
+    (its exit code or its end record in checkpoints_dir/../metrics.jsonl says so), SIGNAL_EXIT_CODE
+    when the child stopped on SIGTERM or SIGINT with its checkpoint committed, 128 + the signal number
+    when stopped otherwise by SIGINT or SIGTERM, 1 (without relaunching) when the disk lacks room for
+    one checkpoint. `sleep` replaces the backoff wait (tests); by default a SIGTERM cuts
     the wait short."""
     if max_restarts < 0:
         raise UserError(f"--max-restarts {max_restarts} must be 0 or more.")
@@ -158,6 +195,7 @@ def supervise(
         raise UserError(f"--restart-backoff {backoff_base_s} must be 0 or more seconds.")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     outcome = Outcome(exit_code=1)
+    no_space = False  # stopped short of the restarts left, for want of disk space
     stopping: list[int] = []  # signal numbers received; a stopping supervisor launches nothing new
     woken = threading.Event()
     child: subprocess.Popen | None = None
@@ -208,19 +246,36 @@ def supervise(
                 _say("supervisor: not restarting: a run that stops on bad input fails the same way again")
                 break
             stop = deterministic_stop(checkpoints_dir.parent / "metrics.jsonl", launched_at - 1.0)
-            if stop is not None:
+            if stop is not None or code == STOPPED_EXIT_CODE:
+                stop = stop or {}
                 outcome.exit_code = STOPPED_EXIT_CODE
                 _record(log_path, {"event": "deterministic_stop", "attempt": attempt, "step": stop.get("step"),
                                    "reason": stop.get("reason")})  # fmt: skip
+                at = f" at step {stop['step']} ({stop.get('reason')};" if "step" in stop else " (exit 3;"
                 _say(
-                    f"supervisor: not restarting: the run stopped itself at step {stop.get('step')} "
-                    f"({stop.get('reason')}; the message above says why), and a restart from its last "
-                    f"checkpoint would replay the same data to the same stop"
+                    f"supervisor: not restarting: the run stopped itself{at} the message above says why), and a "
+                    f"restart from its last checkpoint would replay the same data to the same stop"
                 )
                 break
             restart = attempt  # restarts so far + 1
             if restart > max_restarts:
                 outcome.exit_code = 1
+                break
+            short = short_of_space(checkpoints_dir)
+            if short is not None:
+                free, needed, which = short
+                outcome.exit_code, no_space = 1, True
+                _record(log_path, {"event": "no_space", "attempt": attempt, "free_mb": round(free / 1e6, 1),
+                                   "needed_mb": round(needed / 1e6, 1), "checkpoint": which})  # fmt: skip
+                resume = (
+                    f"from step {outcome.last_step}" if outcome.last_step is not None else "from the start"
+                )
+                _say(
+                    f"supervisor: not restarting: {free / 1e6:.1f} MB free on the disk of {checkpoints_dir}, "
+                    f"less than one checkpoint takes ({needed / 1e6:.1f} MB, {which}), so the next save would "
+                    f"fail the same way. Free disk space (or set run.dir to a disk with room), then run the "
+                    f"same command again: it resumes {resume}."
+                )
                 break
             wait = backoff_s(restart, backoff_base_s, backoff_max_s)
             _say(
@@ -241,15 +296,16 @@ def supervise(
         if previous is not None:
             _install(signal.SIGTERM, previous)
 
+    gave_up = outcome.exit_code == 1 and not no_space
     summary = {
-        "event": "done" if outcome.exit_code == 0 else "gave_up" if outcome.exit_code == 1 else "stopped",
+        "event": "done" if outcome.exit_code == 0 else "gave_up" if gave_up else "stopped",
         "attempts": outcome.attempts,
         "restarts": outcome.attempts - 1,
         "exit_codes": outcome.exit_codes,
         "last_step": outcome.last_step,
     }
     _record(log_path, summary)
-    if outcome.exit_code == 1:
+    if gave_up:
         _say(
             f"supervisor: giving up after {outcome.attempts} attempts ({max_restarts} restarts); exit codes "
             f"{outcome.exit_codes}; latest checkpoint step {outcome.last_step}. The log of each attempt is "

@@ -40,6 +40,8 @@ from smelt import layout
 
 # Like GNU `timeout`: the process was ended for taking too long.
 WATCHDOG_EXIT_CODE = 124
+# The run stopped itself in a way a restart would repeat (alerts.TrainingStopped): not retried.
+STOPPED_EXIT_CODE = 3
 # Stopped on SIGTERM or SIGINT after committing a checkpoint: run the same command again to go on
 # (sysexits' EX_TEMPFAIL, "try again later"). Not retried by the supervisor.
 SIGNAL_EXIT_CODE = 75
