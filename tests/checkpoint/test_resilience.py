@@ -186,8 +186,9 @@ def test_edited_meta_json_fails_verify_and_resume_falls_back(tmp_path, capsys):
     meta["loader"]["step"] = 1  # an edit the file checksums cannot see: the loader would replay data
     (final / "meta.json").write_text(json.dumps(meta))
     code = main(["checkpoint", "verify", str(out / "checkpoints")])
-    err = capsys.readouterr().err
-    assert code == 2 and "step_0000006: CORRUPT" in err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert code == 2 and "step_0000006: CORRUPT" in captured.out and "corrupt (step_0000006)" in err
     assert "meta.json does not match its sha256 in COMMITTED; it was edited or is corrupt" in err
     summary = train(config_from_dict(raw), tokens, tokenizer, out, resume="auto")
     assert summary["resumed_from_step"] == 3
@@ -208,8 +209,13 @@ def test_emptied_marker_fails_verify_and_resume_falls_back(tmp_path, capsys):
     (final / "meta.json").write_text(json.dumps(meta))
     (final / MARKER).write_text("")  # `: > COMMITTED`
     assert main(["checkpoint", "verify", str(out / "checkpoints")]) == 2
-    err = capsys.readouterr().err
-    assert "step_0000006: CORRUPT" in err and "COMMITTED marker is empty" in err and "unchecked" not in err
+    captured = capsys.readouterr()
+    err = captured.err
+    assert (
+        "step_0000006: CORRUPT" in captured.out
+        and "COMMITTED marker is empty" in err
+        and "unchecked" not in err
+    )
     summary = train(config_from_dict(raw), tokens, tokenizer, out, resume="auto")
     assert summary["resumed_from_step"] == 3
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

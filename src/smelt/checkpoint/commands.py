@@ -100,9 +100,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from smelt.checkpoint.tools import verify
+    from smelt.checkpoint.tools import corrupt_error, verify_lines
 
-    print(verify(args.run, step=args.step, every=args.all))
+    # Each checkpoint's status on stdout; only the corrupt ones are errors (stderr, exit 2).
+    lines, failures = verify_lines(args.run, step=args.step, every=args.all)
+    print("\n".join(lines))
+    if failures:
+        raise corrupt_error(lines, failures)
     return 0
 
 

@@ -146,6 +146,25 @@ def list_table(path: str | Path, verify: bool = False) -> str:
 
 def verify(path: str | Path, step: int | None = None, every: bool = False) -> str:
     """Check checksums of the latest (or `step`, or every) committed checkpoint; UserError names the file."""
+    lines, failures = verify_lines(path, step, every)
+    if failures:
+        raise corrupt_error(lines, failures)
+    return "\n".join(lines)
+
+
+def corrupt_error(lines: list[str], failures: list[str]) -> UserError:
+    """The error for the corrupt checkpoints alone (the ok ones are not errors), naming each file."""
+    corrupt = ", ".join(line.split(":")[0] for line in lines if line.endswith(": CORRUPT"))
+    return UserError(
+        f"{len(failures)} of {len(lines)} checkpoint(s) corrupt ({corrupt}):\n" + "\n".join(failures)
+    )
+
+
+def verify_lines(
+    path: str | Path, step: int | None = None, every: bool = False
+) -> tuple[list[str], list[str]]:
+    """(one status line per checkpoint checked: `ok` or `CORRUPT`, the error of each corrupt one,
+    naming its file)."""
     path = Path(path)
     if (path / MARKER).is_file() or (path / META).is_file():  # a checkpoint directory itself
         targets = [path]
@@ -168,9 +187,7 @@ def verify(path: str | Path, step: int | None = None, every: bool = False) -> st
         )
         note = f" (files not covered by checksums: {', '.join(extra)})" if extra else ""
         lines.append(f"{target.name}: ok, {len(listed)} files and {META} match their sha256{note}")
-    if failures:
-        raise UserError("\n".join(lines) + "\n" + "\n".join(failures))
-    return "\n".join(lines)
+    return lines, failures
 
 
 def select(checkpoints_dir: Path, last: int | None = None, steps: list[int] | None = None) -> list[Path]:
