@@ -347,6 +347,30 @@ def _read(spec: TaskSpec, path: Path, labels: Path | None) -> list[Record]:
     return records
 
 
+def _label_file(spec: TaskSpec, root: Path, key: str, value: str, data: Path) -> Path | None:
+    """The label file `key` names, relative to the same folder as `path` (the tasks directory, or the
+    task file's folder for a task named by its path); a UserError naming the key when it is not there,
+    with the value to write when a file of that name sits beside the data file instead."""
+    if not value:
+        return None
+    labels = root / value
+    if labels.exists():
+        return labels
+    where = "the task file's folder" if spec.base else "the tasks directory"
+    beside = (data if data.is_dir() else data.parent) / value
+    hint = ""
+    if beside.is_file():
+        try:
+            fixed = beside.relative_to(root).as_posix()
+        except ValueError:
+            fixed = str(beside)
+        hint = f" A file of that name is beside the questions ({beside}): write {key} = {fixed!r}."
+    raise UserError(
+        f"task {spec.name!r}" + (f" ({spec.source})" if spec.source else "") + f": label file {labels} "
+        f"({key} = {value!r}) does not exist. `{key}` is relative to {where} ({root}), like `path`.{hint}"
+    )
+
+
 def load_task(spec: TaskSpec, tasks_dir: Path | None, limit: int = 0, shots: int = -1) -> Task:
     """Read a task's file, draw its few-shot examples and its scored subset (both seeded, fixed).
 
@@ -366,7 +390,7 @@ def load_task(spec: TaskSpec, tasks_dir: Path | None, limit: int = 0, shots: int
             f"task {spec.name!r}: {path} does not exist. Point eval.tasks_dir at the benchmark files, or drop "
             f"the task from eval.tasks (tasks found there: {', '.join(available_tasks(root)) or 'none'})."
         )
-    records = _read(spec, path, root / spec.labels if spec.labels else None)
+    records = _read(spec, path, _label_file(spec, root, "labels", spec.labels, path))
     if not records:
         raise UserError(f"task {spec.name!r}: {path} holds no records.")
     total = len(records)
@@ -377,7 +401,7 @@ def load_task(spec: TaskSpec, tasks_dir: Path | None, limit: int = 0, shots: int
         source = root / spec.shots_from
         if not source.exists():
             raise UserError(f"task {spec.name!r}: few-shot file {source} does not exist; set eval.shots = 0.")
-        examples = _read(spec, source, root / spec.shots_labels if spec.shots_labels else None)
+        examples = _read(spec, source, _label_file(spec, root, "shots_labels", spec.shots_labels, source))
         if "subject" not in examples[0]:
             examples = rng.sample(examples, min(n_shots, len(examples)))
     elif n_shots:  # shots come from the file itself and are then not scored
