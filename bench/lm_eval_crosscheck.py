@@ -1,7 +1,7 @@
 """Cross-check smelt's cloze scoring against lm-evaluation-harness on the same items and model.
 
 Usage: python bench/lm_eval_crosscheck.py RUN [--hf DIR] [--tasks arc_easy,copa] [--tasks-dir DIR]
-       [--limit N]
+       [--limit N] [--out PATH]
 RUN must have been exported with `smelt export hf RUN` (or pass --hf). --tasks names tasks (built-in,
 or task files in --tasks-dir, which also holds the benchmark files; default: eval.tasks_dir's search)
 or task file paths; any cloze task compares, whatever its file format. For each task the same seeded
@@ -14,9 +14,10 @@ transformers. smelt scores the items twice: as `smelt eval` does by default (eva
 "lm-eval": no token before the context, which is how lm_eval's HF model feeds one; the exported
 tokenizer_config says add_bos_token = false) and under eval.convention = "eos" (every prompt after an
 EOS). The report gives both accuracies (raw and length-normalized), their differences in points, and
-the largest per-request log-likelihood difference. Writes bench/results/lm_eval_crosscheck.json.
-Without lm_eval installed (the `eval-check` extra), the script says so and exits with status 3,
-leaving the recorded figures alone.
+the largest per-request log-likelihood difference. Writes bench/results/lm_eval_crosscheck.json, or
+PATH with --out (a JSON file, or a folder to hold lm_eval_crosscheck.json), so a run outside the
+checkout leaves the recorded figures alone. Without lm_eval installed (the `eval-check` extra:
+docs/evaluation.md), the script says so and exits with status 3, leaving the recorded figures alone.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import write_result
+from common import machine, write_result
 
 from smelt.eval.harness import prepare, score_pairs, score_prepared
 from smelt.eval.tasks import Task, configured_tasks_dir, get_spec, load_task
@@ -139,15 +140,27 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tasks-dir", default="", help="benchmark files and task files (default: found)")
     parser.add_argument("--limit", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="write the figures to PATH (a .json file, or a folder) instead of bench/results/lm_eval_crosscheck.json",
+    )
     args = parser.parse_args(argv)
     run = Path(args.run)
+    try:
+        out = out_path(args.out)
+    except OSError as exc:
+        print(f"--out {args.out} cannot be written ({exc}): pass a writable file or folder.", file=sys.stderr)
+        return 2
     hf_dir = Path(args.hf) if args.hf else run / "export" / "hf"
     missing = lm_eval_available()
     if missing:
         message = (
-            f"{missing}: install the `eval-check` extra (`make install EXTRAS=dev,eval-check`, which pins "
-            f"lm-eval with the datasets and transformers it works with) to run the cross-check; nothing "
-            f"was compared."
+            f"{missing}: install the `eval-check` extra, which pins lm-eval with the datasets and transformers "
+            f"it works with, into the project's venv (`.venv/bin/pip install -c constraints.txt -e '.[eval-check]'`, "
+            f"or `rm .venv/.installed && make install EXTRAS=dev,langid-lingua,ray,eval-check`; docs/evaluation.md) "
+            f"to run the cross-check; nothing was compared."
         )
         print(message, file=sys.stderr)  # the recorded figures are left as they are
         return 3
@@ -190,9 +203,30 @@ def main(argv: list[str]) -> int:
                 figures[f"{name}_{key}_diff_points"] = round(100 * (ours[key] - theirs[key]), 2)
             figures[f"{name}_acc_smelt_with_eos"] = round(ours["acc_with_eos"], 4)
             figures[f"{name}_max_loglikelihood_diff"] = float(f"{max(diffs):.3e}")
-    write_result("lm_eval_crosscheck", figures)
+    write_figures(figures, out)
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def out_path(out: str | None) -> Path | None:
+    """Where --out writes: the JSON file named, or lm_eval_crosscheck.json in the folder named; its
+    folder is made now, so a path that cannot be written stops before the comparison runs."""
+    if out is None:
+        return None
+    path = Path(out)
+    if path.is_dir() or not path.suffix:
+        path = path / "lm_eval_crosscheck.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_figures(figures: dict[str, object], path: Path | None) -> Path:
+    """bench/results/lm_eval_crosscheck.json (the recorded figures), or `path` with the same content."""
+    if path is None:
+        return write_result("lm_eval_crosscheck", figures)
+    result = {**figures, "machine": machine(), "command": " ".join([Path(sys.executable).name, *sys.argv])}
+    path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    width = max(len(k) for k in figures)
+    for key, value in figures.items():
+        print(f"{key:<{width}}  {value}")
+    print(f"-> {path}")
+    return path

@@ -80,5 +80,38 @@ def test_without_lm_eval_nothing_is_compared_and_the_recorded_figures_stay(
     recorded = BENCH / "results" / "lm_eval_crosscheck.json"
     before = recorded.read_bytes()
     assert crosscheck.main([str(tmp_path)]) == 3
-    assert "EXTRAS=dev,eval-check" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "-e '.[eval-check]'" in err and "EXTRAS=dev,langid-lingua,ray,eval-check" in err
     assert recorded.read_bytes() == before
+
+
+def test_out_writes_the_figures_outside_the_checkout(crosscheck, long_task, tiny_run, tmp_path, monkeypatch):
+    """--out PATH: the comparison's figures go to PATH (a file, or a folder), not bench/results."""
+    import smelt.model.hf
+    from smelt.tokenizer.load import Tokenizer
+
+    root, _ = tiny_run
+    tokenizer = Tokenizer.load(root / "tokenizer")
+    model = build_model(tiny_model_config(max_seq_len=MAX_LEN), vocab=tokenizer.vocab_size)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    monkeypatch.setattr(crosscheck, "lm_eval_available", lambda: None)
+    monkeypatch.setattr(smelt.model.hf, "import_hf", lambda directory: model)
+
+    def lm_eval_side(hf_dir, task, workdir, batch_size):  # lm_eval is not installed here: smelt's scores
+        return crosscheck.smelt_scores(model, tokenizer, task, batch_size)
+
+    monkeypatch.setattr(crosscheck, "lm_eval_scores", lm_eval_side)
+    recorded = BENCH / "results" / "lm_eval_crosscheck.json"
+    before = recorded.read_bytes()
+    args = [str(root), "--hf", str(hf), "--tasks", "long", "--tasks-dir", str(tmp_path), "--limit", "12"]
+    assert crosscheck.main([*args, "--out", str(tmp_path / "out" / "cross.json")]) == 0
+    figures = json.loads((tmp_path / "out" / "cross.json").read_text())
+    assert figures["long_items"] == 8 and figures["long_skipped_overlong"] == 4
+    assert figures["long_acc_diff_points"] == 0 and "machine" in figures
+    assert crosscheck.main([*args, "--out", str(tmp_path / "folder")]) == 0
+    assert json.loads((tmp_path / "folder" / "lm_eval_crosscheck.json").read_text())["long_items"] == 8
+    assert recorded.read_bytes() == before
+    (tmp_path / "file").write_text("")
+    assert crosscheck.main([*args, "--out", str(tmp_path / "file" / "x.json")]) == 2  # before any work
