@@ -219,3 +219,19 @@ def test_building_the_parser_imports_no_torch():
 def test_every_command_names_its_handler():
     for words, parser in command_parsers().items():
         assert callable(parser.get_default("func")), f"`smelt {words}` has no handler"
+
+
+def test_resume_from_an_uncommitted_step_of_a_finished_run_suggests_a_committed_one(tmp_path, capsys):
+    path = write_config(tmp_path, "[run]\ndir = 'RUNS'\nname = 'done'\n")
+    train_dir = tmp_path / "runs" / "done" / "train"
+    for step in (10, 20):  # committed checkpoints; step 17 has none
+        (train_dir / "checkpoints" / f"step_{step:07d}").mkdir(parents=True)
+        (train_dir / "checkpoints" / f"step_{step:07d}" / "COMMITTED").write_text("{}")
+    (train_dir / "manifest.json").write_text("{}")  # the stage finished
+    code, err = run_cli(["train", path, "--resume-from", 17], capsys)
+    assert code == 2 and "is finished" in err and "committed steps: 10, 20" in err
+    assert f"--from {tmp_path / 'runs' / 'done'}:10 " in err and ":17" not in err
+    code, err = run_cli(["train", path, "--resume-from", 5], capsys)  # before every checkpoint: the first
+    assert code == 2 and f"--from {tmp_path / 'runs' / 'done'}:10 " in err and ":5" not in err
+    code, err = run_cli(["train", path, "--resume-from", 20], capsys)  # a committed step: fork from it
+    assert code == 2 and f"--from {tmp_path / 'runs' / 'done'}:20 " in err

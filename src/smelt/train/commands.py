@@ -81,6 +81,8 @@ def _train(args: argparse.Namespace) -> int:
     overrides = with_init_from(args.overrides, args.init_from)
     if args.check:
         return _train_check(args.config, overrides)
+    if args.resume_from is not None and not (args.force or args.restart):
+        _check_resume_from_finished(args.config, overrides, args.resume_from)
     if args.max_restarts:
         from smelt.train.supervise import run_supervised
 
@@ -95,6 +97,37 @@ def _train(args: argparse.Namespace) -> int:
         )
     return run_stage_command(
         "train", args.config, overrides, args.force, restart=args.restart, resume_from=args.resume_from
+    )
+
+
+def _check_resume_from_finished(config: str, overrides: list[str], step: int) -> None:
+    """`--resume-from STEP` on a finished run, for a STEP without a committed checkpoint: a UserError
+    whose suggested fork names a committed step (the nearest at or before STEP), never STEP itself.
+    A committed STEP, and any STEP of an interrupted run, are checked by prepare_resume_from."""
+    from smelt import layout
+    from smelt.config import load_config
+    from smelt.errors import UserError
+    from smelt.manifest import read_manifest
+
+    cfg = load_config(config, overrides)
+    train_dir = layout.stage_dir(cfg.run_dir, "train")
+    if read_manifest(train_dir) is None:
+        return
+    committed = [layout.step_of(p) for p in layout.list_checkpoints(train_dir / "checkpoints")]
+    if step in committed:
+        return
+    if committed:
+        nearest = max((s for s in committed if s <= step), default=committed[0])
+        fix = (
+            f"To train on under a changed plan, fork a new run from a committed checkpoint, e.g. the nearest: "
+            f"`smelt train CONFIG --from {cfg.run_dir}:{nearest} --set run.name=NEW_NAME`."
+        )
+    else:
+        fix = "No committed checkpoint is kept to fork from: start over with --restart."
+    have = ", ".join(map(str, committed)) or "none"
+    raise UserError(
+        f"--resume-from {step}: the train stage in {train_dir} is finished, and --resume-from continues an "
+        f"interrupted run; nor is step {step} a committed checkpoint (committed steps: {have}). {fix}"
     )
 
 
