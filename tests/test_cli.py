@@ -235,3 +235,32 @@ def test_resume_from_an_uncommitted_step_of_a_finished_run_suggests_a_committed_
     assert code == 2 and f"--from {tmp_path / 'runs' / 'done'}:10 " in err and ":5" not in err
     code, err = run_cli(["train", path, "--resume-from", 20], capsys)  # a committed step: fork from it
     assert code == 2 and f"--from {tmp_path / 'runs' / 'done'}:20 " in err
+
+
+def test_a_full_disk_prints_its_message_alone_and_the_traceback_behind_debug(monkeypatch, tmp_path, capsys):
+    from smelt.checkpoint.failures import save_failed
+    from smelt.train.alerts import TrainingStopped
+
+    error = save_failed(OSError(28, "No space left on device"), 100, tmp_path / "checkpoints", 10**15)
+
+    def full(args):
+        raise error
+
+    monkeypatch.setattr("smelt.cli._dispatch", full)
+    code, err = run_cli(["train", "pipeline.toml"], capsys)
+    assert code == 1 and "Traceback" not in err  # a failure while running: --max-restarts retries it
+    assert err.startswith(f"smelt: {error}\n") and "no space left on device" in err
+    assert err.endswith("failed while running (exit 1); `smelt --debug ...` shows the traceback.\n")
+    code, err = run_cli(["--debug", "train", "pipeline.toml"], capsys)
+    assert code == 1 and err.startswith("Traceback") and "CheckpointSaveError" in err
+    assert f"smelt: {error}\n" in err
+
+    def stopped(args):
+        raise TrainingStopped("training stopped at step 30: a loss spike (stop).", "loss_spike")
+
+    monkeypatch.setattr("smelt.cli._dispatch", stopped)
+    code, err = run_cli(["train", "pipeline.toml"], capsys)
+    assert code == 3 and "Traceback" not in err
+    monkeypatch.setenv("SMELT_DEBUG", "1")
+    code, err = run_cli(["train", "pipeline.toml"], capsys)
+    assert code == 3 and err.startswith("Traceback") and "smelt: training stopped at step 30" in err

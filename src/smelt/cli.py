@@ -56,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="From raw text to a trained and evaluated language model, reproducibly.",
     )
     parser.add_argument("--version", action="version", version=f"smelt {_version()}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="also print the traceback of a failure whose message says it all (a full disk, a run that "
+        "stopped itself); SMELT_DEBUG=1 does the same",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parsers(subparsers)
@@ -106,6 +112,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = argv[:1] == ["--debug"] or os.environ.get("SMELT_DEBUG", "") not in ("", "0")
+    argv = argv[1:] if argv[:1] == ["--debug"] else argv  # before the verbs parsed outside the tree
     if launched():  # a rank of torchrun or a supervised child: no orphan that trains on alone
         die_with_parent()
     rank = launch_rank()
@@ -141,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("smelt: interrupted", file=sys.stderr)
             return 130
         except Exception as exc:
+            if debug and (_stopped_itself(exc) or _says_it_all(exc)):
+                traceback.print_exc()
             if _stopped_itself(exc):
                 if rank == 0:
                     print(
@@ -150,6 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         file=sys.stderr,
                     )
                 return STOPPED_EXIT_CODE
+            if _says_it_all(exc):  # what happened, what is intact and what to do: no traceback needed
+                tag = f"[rank {rank}] " if rank else ""
+                print(f"smelt: {tag}{exc}\nsmelt: {tag}failed while running (exit 1); `smelt --debug ...` "
+                      f"shows the traceback.", file=sys.stderr)  # fmt: skip
+                return 1
             # A failure while running: show everything, it is a bug or an environment problem.
             text = (
                 traceback.format_exc()
@@ -167,6 +182,14 @@ def _stopped_itself(exc: Exception) -> bool:
     other command should not import torch just to find out."""
     alerts = sys.modules.get("smelt.train.alerts")
     return alerts is not None and isinstance(exc, alerts.TrainingStopped)
+
+
+def _says_it_all(exc: Exception) -> bool:
+    """Whether `exc` is an expected failure whose message is complete: a checkpoint that could not be
+    written (checkpoint/failures.py's CheckpointSaveError, a full disk). Read from the loaded modules,
+    like _stopped_itself."""
+    failures = sys.modules.get("smelt.checkpoint.failures")
+    return failures is not None and isinstance(exc, failures.CheckpointSaveError)
 
 
 def _wait_for_rank_0() -> None:
