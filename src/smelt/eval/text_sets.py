@@ -93,24 +93,64 @@ def _parquet_texts(path: Path, field: str) -> list[str]:
     return [t for t in table.column(field).to_pylist() if t]
 
 
+def set_name(file: Path) -> str:
+    """A file's name without the suffix that makes it part of a set: `de.txt` -> `de`, `web.jsonl.gz` -> `web`."""
+    kind = _kind(file)
+    return file.name[: -len(kind)] if kind else file.name
+
+
+def read_text_file(file: Path, field: str = "text") -> list[str]:
+    """The documents of one file of a set (empty ones left out); UserError naming the file and the fix."""
+    kind = _kind(file)
+    if kind in (".txt", ".md"):
+        try:
+            texts = [file.read_text(encoding="utf-8")]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--data {file} cannot be read as UTF-8 text ({exc}).") from exc
+    elif kind == ".parquet":
+        texts = _parquet_texts(file, field)
+    else:
+        texts = _jsonl_texts(file, field)
+    return [t for t in texts if t]
+
+
 def read_text_set(path: Path, field: str = "text") -> list[str]:
     """The documents of a set (see the module docstring); UserError naming the file and the fix."""
     texts: list[str] = []
     for file in text_files(path):
-        kind = _kind(file)
-        if kind in (".txt", ".md"):
-            try:
-                texts.append(file.read_text(encoding="utf-8"))
-            except (OSError, UnicodeDecodeError) as exc:
-                raise UserError(f"--data {file} cannot be read as UTF-8 text ({exc}).") from exc
-        elif kind == ".parquet":
-            texts += _parquet_texts(file, field)
-        else:
-            texts += _jsonl_texts(file, field)
-    texts = [t for t in texts if t]
+        texts += read_text_file(file, field)
     if not texts:
         raise UserError(f"--data {path} holds no text.")
     return texts
+
+
+def text_set_groups(
+    paths: list[str], field: str = "text", max_bytes_per_group: int = 0
+) -> dict[str, list[str]]:
+    """The documents of several sets grouped by file (`smelt tokenizer eval --data`): a file given as
+    the set is the group named after it (`held.jsonl` -> `held`), each file under a folder the group
+    `<folder>/<path inside it>` (`sentences/de`). With `max_bytes_per_group`, each group keeps its
+    documents in order while they fit in that many UTF-8 bytes (at least its first)."""
+    groups: dict[str, list[str]] = {}
+    sizes: dict[str, int] = {}
+    for item in paths:
+        root = Path(item)
+        for file in text_files(root):
+            inside = [] if file == root else [root.name, *file.relative_to(root).parent.parts]
+            name = "/".join([*inside, set_name(file)])
+            texts = groups.setdefault(name, [])
+            for text in read_text_file(file, field):
+                n = len(text.encode("utf-8"))
+                if max_bytes_per_group and texts and sizes[name] + n > max_bytes_per_group:
+                    continue
+                texts.append(text)
+                sizes[name] = sizes.get(name, 0) + n
+    empty = [name for name, texts in groups.items() if not texts]
+    for name in empty:
+        del groups[name]
+    if not groups:
+        raise UserError(f"--data {', '.join(paths)}: no text in these sets.")
+    return groups
 
 
 def _raw_deflate_bits(data: bytes) -> int:

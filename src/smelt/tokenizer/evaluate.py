@@ -221,10 +221,16 @@ def evaluate_tokenizers(
 
 
 def train_and_evaluate(
-    cfg, documents_dir: Path, out_dir: Path, seed: int, vocab_sizes: Sequence[int], split: str = "val"
+    cfg,
+    documents_dir: Path,
+    out_dir: Path,
+    seed: int,
+    vocab_sizes: Sequence[int],
+    split: str = "val",
+    groups: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Train one tokenizer per vocab size (out_dir/vocab_N) with `cfg` otherwise, and compare them on `split`
-    (the train split when `split` has no documents)."""
+    (the train split when `split` has no documents), or on `groups` of texts when given."""
     import dataclasses
 
     from smelt.tokenizer.train import train_tokenizer
@@ -235,9 +241,11 @@ def train_and_evaluate(
         directory = out_dir / f"vocab_{size}"
         train_tokenizer(dataclasses.replace(cfg, vocab_size=int(size)), documents_dir, directory, seed)
         tokenizers[f"vocab {size}"] = directory
-    if not document_parts(Path(documents_dir), split):
-        split = "train"
-    return evaluate_tokenizers(tokenizers, document_groups(documents_dir, split), out_dir)
+    if groups is None:
+        if not document_parts(Path(documents_dir), split):
+            split = "train"
+        groups = document_groups(documents_dir, split)
+    return evaluate_tokenizers(tokenizers, groups, out_dir)
 
 
 def format_table(results: Mapping[str, dict[str, Any]]) -> str:
