@@ -264,3 +264,37 @@ def test_a_full_disk_prints_its_message_alone_and_the_traceback_behind_debug(mon
     monkeypatch.setenv("SMELT_DEBUG", "1")
     code, err = run_cli(["train", "pipeline.toml"], capsys)
     assert code == 3 and err.startswith("Traceback") and "smelt: training stopped at step 30" in err
+
+
+def test_inspect_langid_gives_per_language_accuracy_from_file_names(tmp_path, shared_data, capsys):
+    import json
+
+    sentences = shared_data / "corpus" / "multilingual" / "lingua-testdata-A" / "sentences"
+    folder = tmp_path / "sentences"
+    folder.mkdir()
+    for lang in ("de", "pl", "ms", "nb", "mi"):  # mi: a language py3langid does not know
+        lines = (sentences / f"{lang}.txt").read_text(encoding="utf-8").splitlines()[:30]
+        (folder / f"{lang}.txt").write_text("\n".join(lines), encoding="utf-8")
+    out = tmp_path / "langid.json"
+    code = main(["inspect", "langid", str(folder), "--labels", "file", "--limit", "20", "--json", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0
+    rows = {line.split()[0]: line for line in stdout.splitlines()[1:6]}
+    assert set(rows) == {"de", "pl", "ms", "nb", "mi"}
+    assert "100.0%" in rows["de"] and "(py3langid does not know mi)" in rows["mi"]
+    report = json.loads(out.read_text())
+    assert report["texts"] == 100 and report["labels"]["de"]["texts"] == 20
+    assert report["labels"]["ms"]["answered_as"].get("id", 0) > 10  # Malay mostly labelled Indonesian
+    assert report["labels"]["nb"]["accuracy"] > 0.5  # nb counts as py3langid's `no`
+    assert report["unknown_labels"] == ["mi"] and report["labels"]["mi"]["accuracy"] == 0
+    macro = sum(r["accuracy"] for r in report["labels"].values()) / 5
+    assert report["macro_accuracy"] == round(macro, 4)
+    assert "5 languages, 100 texts (py3langid)" in stdout
+
+    assert (
+        main(["inspect", "langid", str(folder / "de.txt"), "--unit", "file"]) == 0
+    )  # no labels: what was found
+    assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["de", "1"]
+    (folder / "notes.txt").write_text("Some English notes about the files.\n")
+    assert main(["inspect", "langid", str(folder), "--labels", "file"]) == 2
+    assert "notes.txt is not labelled with a language" in capsys.readouterr().err

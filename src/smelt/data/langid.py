@@ -24,6 +24,10 @@ A source may also declare its documents' language (`declared_language`: a code, 
 near-identical standard varieties apart (Bosnian from Croatian, Malay from Indonesian), and per-language
 figures group by the declared language where there is one, with the language id label beside it.
 
+`smelt inspect langid FILE|DIR` (langid_texts, langid_report, format_langid) classifies any text the
+same way and, when file or folder names are the languages (`--labels file|dir`), gives each language's
+accuracy and wrong answers: bench/langid.py's measurement for a user's own files.
+
 Meta: `lang` is the backend's code. py3langid: ISO 639-1 where one exists (Norwegian is `no`; a
 keep-list may say `nb`), ISO 639-3 for the rest (e.g. `ary`, `ace`). lingua: ISO 639-1 for all its 75
 languages (Norwegian is `nb` or `nn`). `und` with score 0 for text without letters. `lang_score` is the
@@ -33,8 +37,11 @@ probability of that language, 0..1, rounded to 4 digits (lingua: its relative co
 from __future__ import annotations
 
 import difflib
+import gzip
 import re
+from collections import Counter
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from smelt.config import DataConfig
@@ -215,3 +222,146 @@ class LanguageId(DocStep):
             ledger.drop(doc, "language", lang=lang, lang_score=round(score, 4))
             return None
         return doc
+
+
+# ---------------------------------------------------------------------------------------------
+# `smelt inspect langid FILE|DIR`: language id of any text, with per-language accuracy when the
+# file or folder names say which language each text is in.
+
+TEXT_SUFFIXES = (".txt", ".md", ".jsonl", ".jsonl.gz")
+LABEL_SOURCES = ("none", "file", "dir")
+
+
+def _suffix(path: Path) -> str | None:
+    return next((s for s in TEXT_SUFFIXES if path.name.lower().endswith(s)), None)
+
+
+def _label_of(file: Path, root: Path, labels: str) -> str | None:
+    """The language a text is labelled with: the file name before its first dot (`file`), or its top
+    folder under `root` (`dir`); a UserError naming the file when that is not a language code."""
+    if labels == "none":
+        return None
+    if labels == "file":
+        label, what = file.name.split(".", 1)[0], "file name before its first dot"
+    else:
+        parts = file.relative_to(root).parts if file != root else (file.parent.name, file.name)
+        label, what = (parts[0] if len(parts) > 1 else file.parent.name), "top folder"
+    if not _CODE.fullmatch(label.lower()):
+        raise UserError(
+            f"--labels {labels}: {file} is not labelled with a language: its {what}, {label!r}, is not an "
+            f"ISO 639 code such as de, pl or pt-br. Rename it, use --labels "
+            f"{'dir' if labels == 'file' else 'file'}, or --labels none for the languages found."
+        )
+    return label.lower()
+
+
+def langid_texts(
+    path: Path, labels: str = "none", unit: str = "line", field: str = "text", limit: int = 0
+) -> list[tuple[str | None, str]]:
+    """(label, text) of every text under `path` (a file, or a folder's .txt, .md, .jsonl and .jsonl.gz
+    files in path order): each non-empty line of a text file (`unit` "line") or the whole file
+    ("file"), each jsonl record's `field`; at most `limit` texts per file (0: all). Texts are normalized
+    as `smelt curate` normalizes them before language id."""
+    from smelt.data.normalize import normalize_text
+    from smelt.jsonl import json_objects
+
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path} does not exist (resolved from {Path.cwd()}).")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and _suffix(p))
+    if not files or _suffix(files[0]) is None:
+        raise UserError(
+            f"{path}: no text to read there; give a {', '.join(TEXT_SUFFIXES)} file or a folder of them."
+        )
+    items: list[tuple[str | None, str]] = []
+    for file in files:
+        label = _label_of(file, path, labels)
+        try:
+            if _suffix(file) in (".jsonl", ".jsonl.gz"):
+                opener = gzip.open if file.name.lower().endswith(".gz") else open
+                with opener(file, "rt", encoding="utf-8") as handle:
+                    fix = f"Name the text field with --field (now {field!r})."
+                    texts = [r.get(field) for _, r in json_objects(handle, file, "file", fix)]
+                if any(not isinstance(t, str) for t in texts):
+                    raise UserError(f"{file}: a record has no string {field!r} field; name it with --field.")
+            else:
+                text = file.read_text(encoding="utf-8")
+                texts = text.splitlines() if unit == "line" else [text]
+        except (OSError, UnicodeDecodeError, EOFError) as exc:
+            raise UserError(f"{file} cannot be read as UTF-8 text ({exc}).") from exc
+        texts = [normalize_text(t).strip() for t in texts]
+        texts = [t for t in texts if t]
+        items += [(label, t) for t in (texts[:limit] if limit else texts)]
+    if not items:
+        raise UserError(f"{path} holds no text.")
+    return items
+
+
+def langid_report(
+    items: list[tuple[str | None, str]], backend: str = "py3langid", max_chars: int = 1000
+) -> dict[str, Any]:
+    """Each text classified as `smelt curate` does (identify). Always: the languages found, with their
+    share and mean score. With labels: per label its texts, its accuracy (a label matches its
+    backend's code: `nb` is py3langid's `no`; a region or script is ignored, `pt-br` is `pt`) and what
+    the wrong answers were, then the mean of the per-language accuracies (macro) and the share of all
+    texts labelled right (micro); `unknown_labels` are labels the backend never answers."""
+    aliases = ALIASES if backend == "py3langid" else LINGUA_ALIASES
+    known = known_languages(backend)
+    found: Counter[str] = Counter()
+    scores: dict[str, float] = {}
+    per_label: dict[str, list[str]] = {}
+    for label, text in items:
+        lang, score = identify(text, max_chars, backend)
+        found[lang] += 1
+        scores[lang] = scores.get(lang, 0.0) + score
+        if label is not None:
+            per_label.setdefault(label, []).append(lang)
+    total = len(items)
+    report: dict[str, Any] = {
+        "backend": backend,
+        "texts": total,
+        "languages": {
+            lang: {"texts": n, "share": round(n / total, 4), "mean_score": round(scores[lang] / n, 4)}
+            for lang, n in found.most_common()
+        },
+    }
+    if per_label:
+        rows, right_total = {}, 0
+        for label, answers in sorted(per_label.items()):
+            base = re.split(r"[-_]", label)[0]
+            code = aliases.get(base, base)
+            right = sum(answer == code for answer in answers)
+            right_total += right
+            wrong = Counter(a for a in answers if a != code)
+            rows[label] = {"texts": len(answers), "accuracy": round(right / len(answers), 4),
+                           "answered_as": dict(wrong.most_common(3)), "known": code in known}  # fmt: skip
+        report["labels"] = rows
+        report["macro_accuracy"] = round(sum(r["accuracy"] for r in rows.values()) / len(rows), 4)
+        report["accuracy"] = round(right_total / sum(len(a) for a in per_label.values()), 4)
+        report["unknown_labels"] = [label for label, row in rows.items() if not row["known"]]
+    return report
+
+
+def format_langid(report: dict[str, Any], top: int = 20) -> str:
+    """The report as text: per-language accuracy with labels, else the languages found."""
+    lines = []
+    if "labels" in report:
+        lines.append(f"{'label':<8} {'texts':>6} {'accuracy':>9}  wrong answers")
+        for label, row in report["labels"].items():
+            wrong = ", ".join(f"{lang} {n}" for lang, n in row["answered_as"].items())
+            note = f" ({report['backend']} does not know {label})" if not row["known"] else ""
+            lines.append(f"{label:<8} {row['texts']:>6} {row['accuracy']:>9.1%}  {wrong}{note}")
+        lines.append(
+            f"{len(report['labels'])} languages, {report['texts']:,} texts ({report['backend']}): accuracy "
+            f"{report['macro_accuracy']:.1%} per language (macro), {report['accuracy']:.1%} of all texts"
+        )
+        return "\n".join(lines)
+    lines.append(f"{'language':<9} {'texts':>6} {'share':>7} {'mean score':>11}")
+    for lang, row in list(report["languages"].items())[:top]:
+        lines.append(f"{lang:<9} {row['texts']:>6} {row['share']:>7.1%} {row['mean_score']:>11.3f}")
+    more = len(report["languages"]) - top
+    tail = f" (+{more} more in --json)" if more > 0 else ""
+    lines.append(
+        f"{len(report['languages'])} languages in {report['texts']:,} texts ({report['backend']}){tail}"
+    )
+    return "\n".join(lines)
