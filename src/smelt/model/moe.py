@@ -142,8 +142,11 @@ class MoE(nn.Module):
         )
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(expert ids [N, k], gate weights [N, k], router probabilities [N, E], router logits [N, E])."""
-        logits = F.linear(x.float(), self.router.weight.float())
+        """(expert ids [N, k], gate weights [N, k], router probabilities [N, E], router logits [N, E]).
+        In fp32 under autocast too, which would otherwise run the router's matmul in bf16 (8 bits of
+        mantissa: near-tied experts swap places)."""
+        with torch.autocast(x.device.type, enabled=False):
+            logits = F.linear(x.float(), self.router.weight.float())
         if self.gate_kind == "softmax":
             probs = torch.softmax(logits, dim=-1)
             scores = probs
