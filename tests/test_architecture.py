@@ -28,7 +28,7 @@ LAYERS = [
     {"train", "plan"},
     {"report"},
     {"posttrain", "release"},
-    {"pipeline"},
+    {"pipeline", "rehearse"},
     {"anneal"},
 ]
 # Arrows against the layers that are still there, each with where it comes from. Remove an entry

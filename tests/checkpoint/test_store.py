@@ -119,3 +119,39 @@ def test_marker_without_meta_checksum_is_damage(tmp_path, capsys, marker):
     assert chosen.name == "step_0000001"
     assert len(warnings) == 1 and "skipping damaged checkpoint step_0000002" in warnings[0]
     read_meta(second, verify=False)  # listing and the supervisor still read it without verifying
+
+
+def test_optimizer_groups_are_saved_per_parameter_and_old_checkpoints_still_load(tmp_path):
+    """Checkpoints flatten the optimizer's groups per parameter name (each pipeline rank reads only its
+    own); one written before, with the groups as a list, still resumes."""
+    import torch.distributed.checkpoint as dcp
+
+    from smelt.checkpoint.store import load_training_state, model_optim_state, optimizer_is_flat
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = torch.optim.AdamW(
+        [{"params": [model[0].weight], "weight_decay": 0.1}, {"params": [*model[1].parameters(), model[0].bias],
+                                                                 "weight_decay": 0.0}], lr=1e-3)  # fmt: skip
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    for flat in (True, False):
+        directory = tmp_path / f"flat_{flat}"
+        dcp.save(model_optim_state(model, optimizer, flat), checkpoint_id=str(directory))
+        (directory / "meta.json").write_text("{}")
+        assert optimizer_is_flat(directory) is flat
+        fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+        fresh_opt = torch.optim.AdamW(
+            [{"params": [fresh[0].weight], "weight_decay": 0.1}, {"params": [*fresh[1].parameters(), fresh[0].bias],
+                                                                  "weight_decay": 0.0}], lr=1e-3)  # fmt: skip
+        state = model_optim_state(fresh, fresh_opt, flat)
+        dcp.load(state, checkpoint_id=str(directory))
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=StateDictOptions(flatten_optimizer_state_dict=flat))  # fmt: skip
+        assert [g["weight_decay"] for g in fresh_opt.param_groups] == [0.1, 0.0]
+        assert all("betas" in g for g in fresh_opt.param_groups)
+        for p, q in zip(model.parameters(), fresh.parameters(), strict=True):
+            assert torch.equal(optimizer.state[p]["exp_avg"], fresh_opt.state[q]["exp_avg"])
+    assert load_training_state  # the trainer's path: it reads either form by optimizer_is_flat

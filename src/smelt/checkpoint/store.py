@@ -21,27 +21,26 @@ DCP's own `.metadata` through an unpickler that admits only DCP's metadata class
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import io
 import json
 import os
 import pickle
-import random
+import re
 import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from smelt.checkpoint.failures import SAVE_ERRORS, save_failed, state_nbytes
+from smelt.checkpoint.rng import restore_rng, rng_state  # noqa: F401 (re-exported: one checkpoint API)
 from smelt.config import ModelConfig
 from smelt.errors import UserError
 from smelt.layout import (  # re-exported: callers of the store see one checkpoint API
@@ -59,6 +58,10 @@ from smelt.model.transformer import Transformer
 # Where checkpoints newer than a resume point go: kept (they took compute), out of the resume chain.
 SUPERSEDED = "superseded"
 _RANK_FILE = "rank_{:05d}.json"
+
+# A checkpoint written before optimizer groups were flattened lists each group's parameter names:
+# "optimizer.param_groups.0.params" (a flattened one has "optimizer.param_groups.<name>.lr" and no list).
+_GROUP_LIST_KEY = re.compile(r"^optimizer\.param_groups\.\d+\.params$")
 
 
 @contextlib.contextmanager
@@ -121,38 +124,6 @@ def _dcp_load(state: dict[str, Any], checkpoint_dir: Path) -> None:
 
 
 # --- per-rank state (JSON only) ---------------------------------------------------------------
-
-
-def _tensor_b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
-
-
-def _b64_tensor(text: str) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(base64.b64decode(text), dtype=np.uint8).copy())
-
-
-def rng_state(device: torch.device | None = None) -> dict[str, Any]:
-    """This process's RNG states (Python, NumPy, torch CPU, CUDA) as JSON."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": [version, list(internal), gauss],
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-        "torch_cpu": _tensor_b64(torch.get_rng_state()),
-    }
-    if device is not None and device.type == "cuda":
-        state["torch_cuda"] = [_tensor_b64(s) for s in torch.cuda.get_rng_state_all()]
-    return state
-
-
-def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(_b64_tensor(state["torch_cpu"]))
-    if device is not None and device.type == "cuda" and "torch_cuda" in state:
-        torch.cuda.set_rng_state_all([_b64_tensor(s) for s in state["torch_cuda"]])
 
 
 # --- writing ----------------------------------------------------------------------------------
@@ -256,12 +227,27 @@ def discard_partial(tmp: Path, step: int) -> None:
         shutil.rmtree(final, ignore_errors=True)
 
 
-def model_optim_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
-    """The DCP state: keyed by parameter name (not position), the form that survives DDP/FSDP2 and resharding."""
+def model_optim_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, flat: bool = True
+) -> dict[str, Any]:
+    """The DCP state: keyed by parameter name (not position), the form that survives DDP/FSDP2 and resharding.
+
+    The optimizer's hyperparameters are flattened per parameter too ("param_groups.<name>.lr", as
+    torchtitan saves them): kept as a list of groups, a rank reading a checkpoint of another layout got
+    the groups another rank wrote, which under pipeline parallelism name other parameters (a resume
+    from TP2 x PP2 x DP2 into PP2 x DP4 stopped with KeyError: 'betas'). `flat=False` reads checkpoints
+    written before (optimizer_is_flat says which a checkpoint is)."""
     if optimizer is None:
         return {"model": get_state_dict(model, [])[0]}
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = StateDictOptions(flatten_optimizer_state_dict=flat)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     return {"model": model_sd, "optimizer": optim_sd}
+
+
+def optimizer_is_flat(checkpoint_dir: Path) -> bool:
+    """Whether the checkpoint's optimizer groups are flattened per parameter (see model_optim_state)."""
+    keys = dcp.FileSystemReader(str(checkpoint_dir)).read_metadata().state_dict_metadata
+    return not any(_GROUP_LIST_KEY.match(key) for key in keys)
 
 
 def save_checkpoint(
@@ -486,9 +472,11 @@ def load_training_state(
             f"checkpoint {checkpoint_dir} holds weights only (e.g. an average), no optimizer state: it cannot "
             f"be resumed. Use it for eval or export, or resume from a training checkpoint."
         )
-    state = model_optim_state(model, optimizer)
+    flat = optimizer_is_flat(checkpoint_dir)
+    state = model_optim_state(model, optimizer, flat)
     _dcp_load(state, checkpoint_dir)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=StateDictOptions(flatten_optimizer_state_dict=flat))  # fmt: skip
     rank = dist.get_rank() if dist.is_initialized() else 0
     rank_file = checkpoint_dir / _RANK_FILE.format(rank)
     rank_state = json.loads(rank_file.read_text()) if rank_file.is_file() else None

@@ -1,4 +1,4 @@
-"""The planning commands: `smelt plan model|budget|memory|batch`, `smelt scaling fit`, `smelt ladder`."""
+"""The planning commands: `smelt plan model|budget|memory|batch|rehearse`, `smelt scaling fit`, `smelt ladder`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from smelt.arguments import group, number, number_list, number_pair
 from smelt.errors import UserError
+from smelt.rehearse import add_rehearse_parser
 from smelt.summary import print_table
 
 
@@ -17,7 +18,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """`plan model|budget|memory|batch` under `plan`, and the top-level `scaling fit` and `ladder`."""
     from smelt.plan.budget import GPUS
 
-    sub = subparsers
+    sub = subparsers  # `smelt plan rehearse` is smelt/rehearse.py's
     what = "sizes, FLOPs and memory before spending compute"
     plan_sub = group(sub, "plan", what, "Planning commands.", "plan_command", "WHAT")
     p = plan_sub.add_parser(
@@ -98,6 +99,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", dest="json_out", help="also write the result as JSON to this path")
     p.set_defaults(func=_memory)
 
+    add_rehearse_parser(plan_sub, list(GPUS))
     p = plan_sub.add_parser(
         "batch",
         help="learning rate for a new batch size (x sqrt(k)); critical batch",
@@ -178,10 +180,8 @@ def _write_json(path: str | None, value: Any) -> None:
     if path:
         from smelt.manifest import write_json
 
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_json(target, value)
-        print(f"\nwritten: {target}")
+        write_json(Path(path), value)  # makes the parent directories
+        print(f"\nwritten: {path}")
 
 
 def _budget(args: argparse.Namespace) -> int:
