@@ -91,3 +91,18 @@ def test_sft_stage_lowers_validation_loss_and_records_the_parent(base_run, tmp_p
     assert (out / "train" / "checkpoints" / "step_0000030" / "COMMITTED").is_file()
     assert (out / "tokenizer" / "tokenizer.json").is_file()
     assert json.loads((out / "summary.json").read_text())["tokens_per_s"] > 0
+
+
+def test_an_interrupted_attempt_is_said_to_start_over(base_run, tmp_path, capsys, monkeypatch):
+    """Post-training saves at the end only: after a kill, the next run says plainly that it starts over
+    from step 0 (it used to restart silently), and keeps the earlier records beside the new ones."""
+    monkeypatch.delenv("SMELT_QUIET", raising=False)  # the status lines are what is tested
+    out = tmp_path / "sft"
+    (out / "train").mkdir(parents=True)
+    earlier = [{"kind": "event", "event": "start", "step": 0}, {"kind": "train", "step": 10, "loss": 3.0}]
+    (out / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
+    run_sft(_sft_config(base_run, out, steps=2, log_every=1))
+    said = capsys.readouterr()
+    assert "stopped after step 10 without a checkpoint" in said.out + said.err
+    assert "starts over from step 0" in said.out + said.err
+    assert (out / "train" / "metrics.jsonl.1").read_text().count('"step": 10') == 1

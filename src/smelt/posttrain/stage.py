@@ -229,7 +229,22 @@ def begin(stage: Stage, split: Split) -> None:
         log(
             f"[{name}] {split.contaminated} held-out items whose prompt the training data contains were dropped"
         )
+    announce_restart(stage)
     stage.metrics = MetricsLog(stage.train_dir / "metrics.jsonl")
+
+
+def announce_restart(stage: Stage) -> None:
+    """Say plainly that an earlier, interrupted attempt is not resumed: post-training saves its weights
+    at the end only and starts over from step 0 (the earlier records move to metrics.jsonl.1)."""
+    metrics = stage.train_dir / "metrics.jsonl"
+    if not metrics.is_file() or committed_checkpoints(stage.train_dir):
+        return
+    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
+             if line.strip().startswith("{") and '"kind": "train"' in line]  # fmt: skip
+    reached = f"after step {max(steps)}" if steps else "before its first logged step"
+    log(f"[{stage.name}] an earlier attempt in {stage.train_dir} stopped {reached} without a checkpoint. "
+        f"Post-training does not resume an interrupted run: this one starts over from step 0, and the "
+        f"earlier records move to {metrics.name}.1.")  # fmt: skip
 
 
 def make_optimizer(stage: Stage, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
