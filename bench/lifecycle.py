@@ -2,9 +2,13 @@
 
 1. a stable run (constant LR after warmup) to 512,000 tokens, checkpoints every 25 steps;
 2. two anneal forks from its step 100 (409,600 tokens), 102,400 tokens each, one richer in code and one
-   in prose (`smelt anneal`), against the stable run continued to the same 512,000 tokens;
+   in prose (`smelt anneal`), against the stable run continued to the same 512,000 tokens; each anneal
+   reads on from the stable run's data at step 100 (train.fork_data = "continue"), as the stable run
+   continued does, so neither trains on data the model has seen;
 3. a context extension of the stable end from 256 to 1024 tokens (YaRN, factor 4, 102,400 tokens):
    passkey accuracy at 256/512/1024 tokens and held-out loss at positions beyond 256, before and after.
+   Its 1024-token windows cannot continue the parent's 256-token order: it reads its data from the
+   beginning (train.fork_data = "restart").
 
 Every run goes through the smelt CLI, so a second invocation reuses what is up to date. Writes
 bench/results/lifecycle.json. Usage: python bench/lifecycle.py [--runs DIR]
@@ -29,7 +33,7 @@ VARIANTS = [
 CONTEXT = [
     "train.seq_len=1024", "model.max_seq_len=1024", "model.rope_scaling='yarn'", "model.rope_factor=4.0",
     "model.rope_original_max_seq_len=256", "train.micro_batch=4", f"train.tokens={DECAY_TOKENS}",
-    "train.warmup_tokens=20480", "train.schedule='cosine'", "train.eval_every=0",
+    "train.warmup_tokens=20480", "train.schedule='cosine'", "train.eval_every=0", "train.fork_data='restart'",
 ]  # fmt: skip
 PASSKEY_LENGTHS = (256, 512, 1024)
 

@@ -1,16 +1,18 @@
 """The run lifecycle: config changes never delete checkpoints, forks start from a parent's exact
-weights, stale upstream artifacts and vocabulary mismatches stop with exit 2, one writer per stage."""
+weights and read on from its data, stale upstream artifacts and vocabulary mismatches stop with exit
+2, one writer per stage."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from smelt.checkpoint.store import list_checkpoints, load_model
+from smelt.checkpoint.store import list_checkpoints, load_model, read_meta
 from smelt.cli import QUICKSTART_CONFIG, main
 from smelt.errors import UserError
 from smelt.lifecycle import changed_keys, stage_lock, trajectory_config
@@ -51,6 +53,18 @@ def _records(run: Path) -> list[dict]:
 def _weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     model, _ = load_model(checkpoint)
     return model.state_dict()
+
+
+def _batch(capsys, target: Path, step: int) -> list[str]:
+    """`smelt inspect batches TARGET --step N --rows 0`: every row of the step, without its header."""
+    capsys.readouterr()
+    assert main(["inspect", "batches", str(target), "--step", str(step), "--rows", "0"]) == 0
+    return capsys.readouterr().out.split("\n")[2:]
+
+
+def _sequences(rows: list[str]) -> set[tuple[str, str]]:
+    """(sequence, epoch) of every row that `smelt inspect batches` printed."""
+    return set(re.findall(r"sequence (\d+) \(epoch (\d+)\)", "\n".join(rows)))
 
 
 def _interrupt_after(monkeypatch, steps: int) -> None:
@@ -143,6 +157,33 @@ def test_plan_change_stops_restart_moves_aside_and_fork_starts_from_parent_weigh
 
 
 @pytest.mark.slow
+def test_a_fork_reads_on_from_its_parents_data_unless_told_to_restart(root, capsys):
+    assert main(["train", *_args(root)]) == 0
+    run = root / RUN
+    assert main(["train", *_args(root, "train.tokens=8192", name="fork"), "--from", f"{run}:10"]) == 0
+    fork = root / "fork"
+    # Step k of the fork is step 10 + k of the parent, row for row; nothing of its first 10 steps.
+    for k in (1, 4):
+        assert _batch(capsys, fork, k) == _batch(capsys, run, 10 + k)
+    seen = set().union(*(_sequences(_batch(capsys, run, step)) for step in range(1, 11)))
+    read = set().union(*(_sequences(_batch(capsys, fork, step)) for step in range(1, 5)))
+    assert len(read) == 4 * 16 and not read & seen
+    # The trainer read them: its checkpoints continue the parent's cursors.
+    parent_loader = read_meta(run / "train" / "checkpoints" / "step_0000010")["loader"]
+    loader = read_meta(list_checkpoints(fork / "train" / "checkpoints")[-1])["loader"]
+    assert loader["start"] == parent_loader["cursors"]
+    assert [n - parent_loader["cursors"][s] for s, n in loader["cursors"].items()] == [4 * 16]  # one source
+    plan = next(r for r in _records(fork) if r.get("event") == "data_plan")
+    assert plan["start"] == parent_loader["cursors"]
+
+    # train.fork_data = 'restart': the fork's own data from its beginning, the parent's first batches.
+    again = _args(root, "train.tokens=8192", "train.fork_data='restart'", name="again")
+    assert main(["train", *again, "--from", f"{run}:10"]) == 0
+    assert _batch(capsys, root / "again", 1) == _batch(capsys, run, 1)
+    assert "start" not in read_meta(list_checkpoints(root / "again" / "train" / "checkpoints")[-1])["loader"]
+
+
+@pytest.mark.slow
 def test_retrained_tokenizer_makes_training_stop_as_stale(root, capsys):
     assert main(["tokenizer", "train", *_args(root, "tokenizer.vocab_size=640")]) == 0
     capsys.readouterr()
@@ -182,6 +223,18 @@ def test_neutral_keys_are_left_out_of_the_cache_key():
     assert changed_keys(old, {**new, "train": {**new["train"], "lr": 0.001}}) == ["train.lr: 0.003 -> 0.001"]
 
 
+def test_fork_data_counts_for_forks_only_and_an_older_fork_restarted():
+    """train.fork_data changes nothing for a run that is not a fork (runs recorded before the key stay up to
+    date); a fork recorded before it read its data from the beginning, which is 'restart'."""
+    older = {"train": {"lr": 0.003, "init_from": ""}}
+    assert changed_keys(older, {"train": {"lr": 0.003, "init_from": "", "fork_data": "continue"}}) == []
+    fork = {"train": {"lr": 0.003, "init_from": "runs/base:10"}}
+    assert changed_keys(fork, {"train": {**fork["train"], "fork_data": "restart"}}) == []
+    assert changed_keys(fork, {"train": {**fork["train"], "fork_data": "continue"}}) == [
+        "train.fork_data: 'restart' -> 'continue'"
+    ]
+
+
 def test_speed_settings_change_no_plan():
     """An existing run is not stopped for switching compile or host-memory reuse (the default of
     train.compile moved from false to auto): the data order, schedule and model stay the same."""
@@ -211,3 +264,11 @@ def test_anneal_forks_beat_the_stable_checkpoint_and_are_compared(root, capsys):
     decision = json.loads((run / "anneals" / "decisions.jsonl").read_text().splitlines()[-1])
     assert decision["metric"] == "heldout_bits_per_byte" and len(decision["runs"]) == 2
     assert "stable@10" in capsys.readouterr().out
+    # Two steps at the peak, then linear towards 0: the last of the 4 steps trains at peak / 3, not 0.
+    lrs = {r["step"]: r["lr"] for r in _records(fork) if r.get("kind") == "train"}
+    assert lrs[1] == pytest.approx(0.003) and lrs[4] == pytest.approx(0.001)
+    # The anneal reads on from the stable run's data: its step 1 is the stable run's step 11.
+    assert _batch(capsys, fork, 1) == _batch(capsys, run, 11) != _batch(capsys, run, 1)
+    for name in ("peak", "lower", "soup"):  # every run writes summary.json
+        summary = json.loads((root / f"{RUN}-anneal-{name}" / "summary.json").read_text())
+        assert summary["val_bits_per_byte"] < stable["bits_per_byte"], name

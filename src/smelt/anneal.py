@@ -2,11 +2,15 @@
 zero on a candidate mixture, evaluated side by side at equal tokens (OLMo 2's mid-training workflow).
 
 Each variant is a fork (`train.init_from`) in a sibling run directory `<parent>-anneal-<name>` with
-the parent's weights and optimizer moments, a WSD schedule that starts decaying at once (one step
-at the config's peak LR, then linear to zero over `decay_tokens`), and the variant's own overrides
-(usually `tokens.mixture`). The stable checkpoint itself is evaluated as the baseline; the
-comparison report and a decision record go to `<parent>/anneals/`; `soup = True` averages the
-endpoints into `<parent>-anneal-soup` and evaluates it too.
+the parent's weights and optimizer moments, a WSD schedule that starts decaying at once (the peak LR
+for the first two steps, then linear towards zero, which it would reach one step after the last, so
+the last step trains at peak / (steps - 1)), and the variant's own overrides (usually
+`tokens.mixture`). Like every fork it reads on from where the parent's data stream stood at the
+checkpoint (`train.fork_data = "continue"`), so no variant trains on batches the stable run has
+already seen. Each variant writes RUN/summary.json as `smelt run` does. The stable checkpoint itself
+is evaluated as the baseline; the comparison report and a decision record go to `<parent>/anneals/`;
+`soup = True` averages the endpoints into `<parent>-anneal-soup` (with its own summary.json) and
+evaluates it too.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from smelt.errors import UserError
 from smelt.manifest import write_json
 from smelt.pipeline import STAGES, run_pipeline
 from smelt.progress import log
+from smelt.summary import summarize
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,9 @@ def run_anneals(
              f"run.name={json.dumps(name)}"],
         )  # fmt: skip
         log(f"[anneal] {variant.name}: {decay_tokens:,} tokens from {spec} -> {cfg.run_dir}")
+        variant_started = time.time()
         outcomes = run_pipeline(cfg, STAGES, force=force, restart=restart)
+        write_json(cfg.run_dir / "summary.json", summarize(cfg, outcomes, time.time() - variant_started))
         runs.append(cfg.run_dir)
         rows.append(
             _heldout_row(
@@ -142,7 +149,8 @@ def run_anneals(
 def _soup(
     config: str | Path, overrides: list[str], parent: Any, runs: list[Path], decay_tokens: int
 ) -> dict[str, Any]:
-    """Average the anneal endpoints into a run-shaped directory (sharing the parent's inputs) and score it."""
+    """Average the anneal endpoints into a run-shaped directory (sharing the parent's inputs), score it
+    and write its summary.json."""
     from smelt.checkpoint.store import latest_checkpoint, read_meta
     from smelt.checkpoint.tools import average_checkpoints
     from smelt.eval.run import evaluate_checkpoints
@@ -156,11 +164,19 @@ def _soup(
         if not link.exists():
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to((runs[0] / stage).resolve(), target_is_directory=True)
+    started = time.time()
     average_checkpoints([e for e in ends if e is not None], target, force=True)
     cfg = load_config(config, [*overrides, f"run.dir={json.dumps(str(soup_dir.parent))}",
                                f"run.name={json.dumps(soup_dir.name)}"])  # fmt: skip
     (result,) = evaluate_checkpoints(cfg, soup_dir, "latest", tasks=[])
-    return _heldout_row("soup", soup_dir, result, parent.cumulative_tokens + decay_tokens)
+    row = _heldout_row("soup", soup_dir, result, parent.cumulative_tokens + decay_tokens)
+    write_json(soup_dir / "summary.json", {
+        "run_dir": str(soup_dir), "kind": "soup", "wall_time_s": round(time.time() - started, 2),
+        "averaged": [str(e) for e in ends if e is not None], "checkpoint": str(target),
+        "cumulative_tokens": row["cumulative_tokens"], "val_bits_per_byte": row["bits_per_byte"],
+        "val_bits_per_byte_by_source": row["bits_per_byte_by_source"],
+    })  # fmt: skip
+    return row
 
 
 def _report_and_decision(parent: Any, runs: list[Path], out_dir: Path) -> Path:

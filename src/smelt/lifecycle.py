@@ -94,7 +94,10 @@ TRAINING_INPUTS = (STAGE_DIRS["tokenizer"], STAGE_DIRS["tokenize"])
 
 
 def trajectory_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A stage config (`{section: {key: value}}`) without the keys that cannot change its result."""
+    """A stage config (`{section: {key: value}}`) without the keys that cannot change its result.
+
+    train.fork_data counts only for a fork (train.init_from); a fork recorded before the key existed
+    read its data from the beginning, which is 'restart'."""
     out: dict[str, Any] = {}
     for section, values in config.items():
         neutral = NEUTRAL_KEYS.get(section, frozenset())
@@ -102,6 +105,12 @@ def trajectory_config(config: dict[str, Any]) -> dict[str, Any]:
             out[section] = {k: v for k, v in values.items() if k not in neutral}
         else:
             out[section] = values
+    train = out.get("train")
+    if isinstance(train, dict):
+        if train.get("init_from"):
+            train.setdefault("fork_data", "restart")
+        else:
+            train.pop("fork_data", None)
     return out
 
 

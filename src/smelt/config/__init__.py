@@ -345,6 +345,13 @@ class TrainConfig:
     init_optimizer: bool = option(
         False, help="fork: also load the parent's optimizer moments (default: weights only)"
     )
+    fork_data: str = option(
+        "continue",
+        choices=("continue", "restart"),
+        help="fork: continue: read on from where the parent's data stream stood at its checkpoint (each "
+        "source's order continued, sources new to the fork from their start); restart: this run's data from "
+        "its beginning, reusing what the parent trained on",
+    )
     monitor_every: int = option(
         0, range=(0, 10**9), help="steps between per-layer update/weight ratios and norms (0: off)"
     )

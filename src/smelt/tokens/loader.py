@@ -18,6 +18,9 @@ another number of processes and see the same data. Nothing grows with the run: t
 (plus per-source cursors and a fingerprint of the plan, to check a resume), and restoring it costs
 O(sources^2 log n). A background thread prepares the next steps (pinned when CUDA is present).
 
+A fork continues its parent's data by default: every source starts at the parent checkpoint's cursor
+(`smelt.tokens.fork`), so step 1 of a fork reads what the parent would have read next.
+
 `eval_windows` gives the fixed validation windows used by the trainer and the held-out evaluation.
 """
 
@@ -37,6 +40,7 @@ import torch
 
 from smelt.config import Config, TokensConfig
 from smelt.errors import ConfigError, UserError
+from smelt.tokens.fork import ForkStart, fork_start
 from smelt.tokens.mixture import DataPlan, Stage, build_plan
 from smelt.tokens.order import name_key, permute
 from smelt.tokens.packing import Batch, SourceStream, apply_fim, pack
@@ -77,9 +81,11 @@ class TokenLoader:
         fim_ids: tuple[int, int, int] | None = None,
         verify: str = "checksum",
         pin_memory: bool | None = None,
+        fork: ForkStart | None = None,
     ):
         """`batch_size`: global sequences per step; `micro_batch`: rows per micro batch (0: the whole
-        rank slice); `fim_sources`: sources FIM applies to when cfg.fim_rate > 0 (None: cfg.fim_sources)."""
+        rank slice); `fim_sources`: sources FIM applies to when cfg.fim_rate > 0 (None: cfg.fim_sources);
+        `fork`: the parent checkpoint whose data stream this run continues (smelt.tokens.fork)."""
         cfg = cfg or TokensConfig()
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world size {world_size}")
@@ -108,7 +114,11 @@ class TokenLoader:
         self.sources = shards.sources
         self.streams = [SourceStream(shards.select(name), seq_len) for name in self.sources]
         sizes = {s.name: s.total_tokens for s in self.streams}
-        self.plan: DataPlan = build_plan(cfg, sizes, seq_len, batch_size, steps, seed, train_tokens)
+        start = fork.cursors(seq_len, seed, {s.name: s.sequences for s in self.streams}) if fork else None
+        phases = fork.phases(sizes, seq_len, seed) if fork else None
+        self.plan: DataPlan = build_plan(
+            cfg, sizes, seq_len, batch_size, steps, seed, train_tokens, start, phases
+        )
         self.fim_rate = cfg.fim_rate
         self.fim_ids = fim_ids
         self.fim_sources = sorted(cfg.fim_sources if fim_sources is None else fim_sources)
@@ -150,11 +160,14 @@ class TokenLoader:
         world_size: int = 1,
         verify: str = "checksum",
         plan: Any = None,
+        parent: str | Path | None = None,
     ) -> TokenLoader:
         """The training loader of a pipeline config (global batch = train.batch_tokens / seq_len).
 
         `plan`: the trainer's batch plan (smelt.train.batching.BatchPlan); its loader batch and loader
-        steps then decide the loader's (under a batch ramp, the starting batch and the steps it takes)."""
+        steps then decide the loader's (under a batch ramp, the starting batch and the steps it takes).
+        A fork (train.init_from) continues its parent's data unless train.fork_data = 'restart';
+        `parent`: its checkpoint directory when the caller has resolved it (else from train.init_from)."""
         tc = cfg.train
         batch_tokens = tc.batch_tokens or tc.seq_len * tc.micro_batch * world_size
         if plan is not None:
@@ -183,6 +196,7 @@ class TokenLoader:
             fim_sources=fim_sources,
             fim_ids=fim_ids,
             verify=verify,
+            fork=fork_start(cfg, Path(parent) if parent is not None else None),
         )
 
     # -- the schedule (cheap: no token is read) -------------------------------------------------------
@@ -210,9 +224,10 @@ class TokenLoader:
         return {name: int(c) for name, c in zip(self.sources, counts, strict=True)}
 
     def cursors(self, step: int) -> dict[str, int]:
-        """Sequences each source has given after `step` steps (0 <= step <= plan steps)."""
+        """Sequences each source has given after `step` steps (0 <= step <= plan steps), counting from
+        the start of its stream (a fork: from before its parent's first step)."""
         if step == 0:
-            return dict.fromkeys(self.sources, 0)
+            return {s: self.plan.start.get(s, 0) for s in self.sources}
         stage = self.plan.stage_at(step)
         done = stage.interleave.cursors((step - stage.first_step + 1) * self.batch_size)
         return {s: stage.offsets[s] + done[i] for i, s in enumerate(self.sources)}
@@ -360,6 +375,7 @@ class TokenLoader:
             "cursors": self.cursors(self.step),
             "sources": {s.name: s.sequences for s in self.streams},
             "plan": self.plan.fingerprint(),
+            **self.plan.state(),  # a fork that continues its parent's data: where it started
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -384,6 +400,13 @@ class TokenLoader:
             )
             if state.get(key) != value
         ]
+        fork = {k: state[k] for k in ("start", "phases") if k in state}
+        if not changes and fork != self.plan.state():
+            changes.append(
+                f"where this fork's data starts in its parent's stream ({fork.get('start') or 'the beginning'} -> "
+                f"{self.plan.continued or 'the beginning'}; train.fork_data, or a train.init_from that now names "
+                f"another checkpoint of the parent: name it as RUN:STEP)"
+            )
         if not changes and state.get("plan") != self.plan.fingerprint():
             changes.append("the data plan (tokens.mixture, tokens.epochs, tokens.stages or train.tokens)")
         if changes:

@@ -12,6 +12,13 @@ Forms of `tokens.mixture` / `tokens.epochs` / `[[tokens.stages]]`:
   proportions; the epochs realized depend on train.tokens and are printed in the plan table.
 - neither: every source in its natural proportion (by usable tokens).
 - stages: each takes `tokens` or a `fraction` of train.tokens and may override the mixture.
+
+A fork that continues its parent's data (`train.fork_data = "continue"`, smelt.tokens.fork) starts
+each source at the parent's cursor (`start`): the run's first stage continues the parent's stream of
+that source as a later stage continues an earlier one, and the epochs counted (and the check that a
+source does not run out) include what the parent read. Its first stage also takes the interleave
+phases at which the parent's plan stood (`phases`, from `DataPlan.continuation`), so that with the
+parent's mixture and batch its batches are the ones the parent would have trained on next.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 
 from smelt.config import StageConfig, TokensConfig
 from smelt.errors import ConfigError, UserError
-from smelt.tokens.order import Interleave, phase
+from smelt.tokens.order import Interleave, Q, phase
 
 EPOCH_WARNING = 4.0  # beyond ~4 epochs repeated data is worth little (Muennighoff et al.)
 
@@ -65,6 +72,8 @@ class DataPlan:
     steps: int
     stages: list[Stage]
     warnings: list[str]
+    start: dict[str, int] = field(default_factory=dict)  # sequences per source read before step 1 (a fork)
+    phases: tuple[dict[str, int], int] | None = None  # the first stage's interleave phases and scale (a fork)
 
     def stage_at(self, step: int) -> Stage:
         """The stage optimizer step `step` (1-based) belongs to."""
@@ -80,8 +89,32 @@ class DataPlan:
         return sum(stage.counts[source] for stage in self.stages)
 
     def epochs(self, source: str) -> float:
+        """Epochs of `source` read by the end of the run, what a fork's parent read included."""
         n = self.sequences[source]
-        return self.consumed(source) / n if n else 0.0
+        return (self.start.get(source, 0) + self.consumed(source)) / n if n else 0.0
+
+    @property
+    def continued(self) -> dict[str, int]:
+        """The sources a fork continues from its parent's cursor (start > 0)."""
+        return {s: n for s, n in self.start.items() if n}
+
+    def continuation(self, step: int) -> tuple[dict[str, int], int]:
+        """Interleave phases (per source, and their scale) that continue this plan after `step` steps: the
+        first stage of a fork from there orders its sources as this plan would have gone on (exactly,
+        while the fork's counts are proportional to the stage's). After the last step, the last stage
+        goes on."""
+        stage = self.stage_at(min(step + 1, self.steps))
+        position = step * self.batch_size - stage.first_position
+        phases, scale = stage.interleave.continuation(position)
+        return {s: a for s, a in zip(self.sources, phases, strict=True) if a is not None}, scale
+
+    def state(self) -> dict[str, Any]:
+        """What a fork's plan holds beyond its keys (where it starts, its first stage's phases): in the
+        summary, the fingerprint and the loader state, so a resume or a rebuild checks them."""
+        out: dict[str, Any] = {"start": self.continued} if self.continued else {}
+        if self.phases is not None:
+            out["phases"] = {"values": self.phases[0], "scale": self.phases[1]}
+        return out
 
     def summary(self) -> dict[str, Any]:
         """The plan as JSON (for metrics.jsonl and the state's fingerprint)."""
@@ -109,6 +142,7 @@ class DataPlan:
                 }
                 for st in self.stages
             ],
+            **self.state(),  # only a fork that continues its parent's data has one (and another fingerprint)
         }
 
     def fingerprint(self) -> str:
@@ -125,6 +159,11 @@ class DataPlan:
             f"{'stage':<12} {'steps':>17} {'source':<14} {'weight':>7} {'tokens':>15} {'sequences':>12} "
             f"{'epochs so far':>13}",
         ]
+        if self.continued:
+            lines.insert(1, "continues the parent's data (train.fork_data = 'continue'): " + ", ".join(
+                f"{s} from sequence {n:,} ({n / self.sequences[s]:.2f} epochs read)"
+                for s, n in self.continued.items()
+            ) + "; any other source from its beginning")  # fmt: skip
         for st in self.stages:
             steps = f"{st.first_step:,}-{st.last_step:,}"
             for s in self.sources:
@@ -225,11 +264,16 @@ def build_plan(
     steps: int,
     seed: int,
     train_tokens: int | None = None,
+    start: dict[str, int] | None = None,
+    phases: tuple[dict[str, int], int] | None = None,
 ) -> DataPlan:
     """The data plan of a run: stages, per-source weights and sequence counts; checks every key.
 
     `source_tokens`: tokens per source of the split; `batch_size`: global sequences per step;
-    `train_tokens`: the budget the stage fractions refer to (default: steps x batch x seq_len).
+    `train_tokens`: the budget the stage fractions refer to (default: steps x batch x seq_len);
+    `start`: sequences of each source read before step 1 (a fork continuing its parent's data);
+    `phases`: the first stage's interleave phases and scale (from the parent's `continuation`; a source
+    without one gets its seeded phase).
     Raises UserError/ConfigError naming the key and the fix for every inconsistency.
     """
     if seq_len < 1 or batch_size < 1 or steps < 1:
@@ -268,14 +312,27 @@ def build_plan(
         raise ConfigError(f"tokens.stages names repeat ({', '.join(names)}); give each stage its own name.")
 
     stages: list[Stage] = []
-    consumed = dict.fromkeys(sources, 0)
+    start = {s: int((start or {}).get(s, 0)) for s in sources}
+    continued: tuple[dict[str, int], int] | None = None
+    if phases is not None:
+        values, scale = phases
+        if any(s not in values for s in sources):  # seeded phases (scale Q) and continued ones on one scale
+            values = {s: values[s] * Q if s in values else phase(seed, 0, s) * scale for s in sources}
+            scale *= Q
+        continued = {s: int(values[s]) for s in sources}, int(scale)
+    consumed = dict(start)
     first = 1
     for i, (st, last) in enumerate(zip(configs, ends, strict=True)):
         weights = (
             _weights(f"tokens.stages[{i}].mixture", st.mixture, sources, sequences) if st.mixture else default
         )
         counts = _split_counts(weights, (last - first + 1) * batch_size)
-        interleave = Interleave([counts[s] for s in sources], [phase(seed, i, s) for s in sources])
+        if i == 0 and continued is not None:
+            interleave = Interleave(
+                [counts[s] for s in sources], [continued[0][s] for s in sources], continued[1]
+            )
+        else:
+            interleave = Interleave([counts[s] for s in sources], [phase(seed, i, s) for s in sources])
         stages.append(
             Stage(i, names[i], first, last, batch_size, weights, counts, dict(consumed), interleave)
         )
@@ -285,7 +342,7 @@ def build_plan(
 
     warnings = []
     for s in sources:
-        if not consumed[s]:
+        if consumed[s] == start[s]:  # this run takes none of it
             continue
         if sequences[s] == 0:
             raise UserError(
@@ -295,17 +352,22 @@ def build_plan(
         epochs = consumed[s] / sequences[s]
         if epochs > 1.0 and not cfg.allow_repeat:
             stage = next(st for st in stages if st.offsets[s] + st.counts[s] > sequences[s])
+            parent = f" after the {start[s]:,} its parent read" if start[s] else ""
+            restart = ", or set train.fork_data = 'restart' to read from the beginning" if start[s] else ""
             raise UserError(
-                f"source {s!r} runs out in stage {stage.name!r}: the plan takes {consumed[s]:,} sequences of "
-                f"{seq_len} tokens ({epochs:.2f} epochs) but it has {sequences[s]:,}. Set tokens.allow_repeat = "
-                f"true to repeat it, lower its weight, add data or lower train.tokens."
+                f"source {s!r} runs out in stage {stage.name!r}: the plan takes {consumed[s] - start[s]:,} "
+                f"sequences of {seq_len} tokens{parent} ({epochs:.2f} epochs) but it has {sequences[s]:,}. Set "
+                f"tokens.allow_repeat = true to repeat it, lower its weight, add data or lower train.tokens"
+                f"{restart}."
             )
         if epochs > EPOCH_WARNING:
             warnings.append(
                 f"source {s!r} is repeated {epochs:.1f} times (more than {EPOCH_WARNING:g} epochs adds little); "
                 f"lower its weight or add data."
             )
-    return DataPlan(sources, sequences, dict(source_tokens), seq_len, batch_size, steps, stages, warnings)
+    plan = DataPlan(sources, sequences, dict(source_tokens), seq_len, batch_size, steps, stages, warnings)
+    plan.start, plan.phases = start, continued
+    return plan
 
 
 class MixtureMonitor:

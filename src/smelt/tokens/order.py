@@ -42,22 +42,27 @@ def phase(seed: int, stage: int, source: str) -> int:
 class Interleave:
     """The merge of evenly spaced source sequences into the n positions of one stage.
 
-    counts[i] sequences of source i (zero allowed); phases[i] in [1, Q - 1]. Item (i, j) has the key
-    (j Q + a_i) / (Q c_i); ties (equal keys) go to the lower source index. All arithmetic is on
-    Python integers, so it is exact for any count.
+    counts[i] sequences of source i (zero allowed); phases[i] in [0, scale] (seeded ones in
+    [1, Q - 1] with scale Q). Item (i, j) has the key (j scale + a_i) / (scale c_i); ties (equal keys)
+    go to the lower source index. All arithmetic is on Python integers, so it is exact for any count.
+    A fork that continues its parent's data gets the phases (on a finer scale) at which the parent's
+    interleave stood at the fork point (`continuation`), so it goes on as the parent's would have.
     """
 
-    def __init__(self, counts: list[int], phases: list[int]):
+    def __init__(self, counts: list[int], phases: list[int], scale: int = Q):
         if len(counts) != len(phases) or any(c < 0 for c in counts):
             raise ValueError("counts and phases must match and counts be non-negative")
+        if scale < 1 or any(not 0 <= a <= scale for a in phases):
+            raise ValueError(f"phases must lie in [0, scale = {scale}]")
         self.counts = [int(c) for c in counts]
         self.phases = [int(a) for a in phases]
+        self.scale = int(scale)
         self.total = sum(self.counts)
 
     def rank(self, i: int, j: int) -> int:
         """The position (0-based, within the stage) of source i's j-th sequence."""
-        c_i, x = self.counts[i], j * Q + self.phases[i]
-        unit = Q * c_i
+        c_i, x = self.counts[i], j * self.scale + self.phases[i]
+        unit = self.scale * c_i
         position = j
         for k, (c_k, a_k) in enumerate(zip(self.counts, self.phases, strict=True)):
             if k == i or c_k == 0:
@@ -85,6 +90,25 @@ class Interleave:
     def cursors(self, position: int) -> list[int]:
         """Sequences each source has contributed to positions [0, position)."""
         return [self.count_before(i, position) if c else 0 for i, c in enumerate(self.counts)]
+
+    def continuation(self, position: int) -> tuple[list[int | None], int]:
+        """(phases, scale) under which an interleave of counts proportional to these, starting at 0,
+        orders its items as this one orders those from `position` on (None for a source of count 0).
+
+        Subtracting one number t from every key keeps the order. With t the key of the item at
+        `position`, (i0, j0), source i's next item (its cursor k_i) gets the key (r_i / scale) / c_i with
+        r_i = k_i scale + a_i - t scale c_i in [0, scale]; on the scale scale c_i0 that is an integer.
+        At the end of the stage (t = 1) the phases stay as they are."""
+        if position >= self.total:
+            return [a if c else None for a, c in zip(self.phases, self.counts, strict=True)], self.scale
+        (source,), (j0,) = self.slice(position, position + 1)
+        i0, cursors = int(source), self.cursors(position)
+        c0, x0 = self.counts[i0], int(j0) * self.scale + self.phases[i0]
+        phases: list[int | None] = [
+            (k * self.scale + a) * c0 - x0 * c if c else None
+            for k, a, c in zip(cursors, self.phases, self.counts, strict=True)
+        ]
+        return phases, self.scale * c0
 
     def slice(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """(source index, j) of positions start..stop-1, in position order."""

@@ -10,6 +10,11 @@ Warmup is counted in tokens (converted to steps once the batch is known). After 
 - multistep: peak, multiplied by gamma at each milestone (fractions of the run).
 At curriculum stage boundaries an optional re-warmup ramps the LR back up linearly over a few steps,
 because a new mixture is, for Adam's moment estimates, a new distribution.
+
+A decay reaches a positive floor at the last step. A floor of zero (min_lr_ratio = 0, as an anneal
+has) is reached one step after the last, since a step at LR 0 trains nothing: the last step then
+trains at the decay's last positive value (linear: lr / decay steps), as with transformers'
+schedules, which reach zero at step num_training_steps.
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ def lr_at(step: int, *, lr: float, warmup: int, total_steps: int, min_lr_ratio: 
     """Cosine LR for optimizer step `step` (0-based).
 
     Warmup ramps linearly to lr at step warmup - 1 (step 0 already gets lr / warmup, never 0); the
-    cosine then runs from lr at step `warmup` to lr * min_lr_ratio at the last step, total_steps - 1.
+    cosine then runs from lr at step `warmup` to lr * min_lr_ratio at the last step, total_steps - 1
+    (a floor of 0 one step later, so that the last step still trains).
     """
     if step < warmup:
         return lr * (step + 1) / warmup
     floor = lr * min_lr_ratio
-    decay_steps = total_steps - 1 - warmup
+    decay_steps = total_steps - 1 - warmup + (floor == 0)
     if decay_steps <= 0:
         return lr
     progress = min(1.0, (step - warmup) / decay_steps)
@@ -99,7 +105,7 @@ class Schedule:
         start = self.wsd_decay_start
         if step < start:
             return self.lr
-        length = self.total_steps - 1 - start
+        length = self.total_steps - 1 - start + (floor == 0)  # a zero floor: one step past the last
         progress = 1.0 if length <= 0 else (step - start) / length
         return floor + (self.lr - floor) * decay_factor(progress, self.decay_shape)
 

@@ -207,9 +207,11 @@ class Trainer:
         torch.manual_seed(rank_seed(cfg.run.seed, self.rank, "train"))
         self.optimizer = build_optimizer(model, tc, device)
         self.scaler = self.precision.grad_scaler()
+        self.parent = resolve_parent(tc.init_from) if tc.init_from else None  # a fork reads on from its data
         self.loader = TokenLoader.from_config(
-            cfg, tokens_dir, tokenizer_dir, self.mesh.data_rank, self.mesh.layout.dp, plan=plan
-        )
+            cfg, tokens_dir, tokenizer_dir, self.mesh.data_rank, self.mesh.layout.dp, plan=plan,
+            parent=self.parent.checkpoint if self.parent is not None else None,
+        )  # fmt: skip
         self.data_plan = data_plan = self.loader.plan
         self.mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
         self.ratios = UpdateRatioMonitor(model, self.sharded) if tc.monitor_every else None
@@ -235,7 +237,6 @@ class Trainer:
             "data_hash": file_hash(tokens_dir / "shards.json"),
         }
         check_token_inputs(tokens_dir, tokenizer_dir, tokens_meta, vocab_size)
-        self.parent = resolve_parent(tc.init_from) if tc.init_from else None
         if self.parent is not None:
             check_fits(self.parent, self.identity["model_config"], vocab_size)
             self.identity["parent"] = self.parent.record()
