@@ -220,22 +220,15 @@ def replace_cheap(stage_dir: Path) -> None:
 @contextlib.contextmanager
 def stage_lock(run_dir: Path, stage: str) -> Iterator[None]:
     """Hold RUN/.locks/<stage>.lock while a stage writes; a second command on the same stage of the
-    same run directory stops with exit 2 naming the holder. The lock dies with its process."""
+    same run directory stops with exit 2 naming the holder. The lock dies with its process; on every
+    way out the file goes, then RUN/.locks/ and RUN itself where nothing else is in them (a fork that
+    failed on its input leaves no stub behind)."""
     folder = Path(run_dir) / LOCKS
+    created = not Path(run_dir).exists()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{stage}.lock"
-    handle = open(path, "a+")  # noqa: SIM115 - held for the whole stage
+    handle = _locked(path, run_dir, stage)
     try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = _describe_holder(handle.read())
-            raise UserError(
-                f"stage {stage!r} of {run_dir} is being written by another smelt command ({holder}). "
-                f"Wait for it to finish or stop it; two commands writing one stage would corrupt it. "
-                f"To run both, give the second its own run directory (--set run.name=...)."
-            ) from None
         handle.seek(0)
         handle.truncate()
         handle.write(
@@ -251,7 +244,41 @@ def stage_lock(run_dir: Path, stage: str) -> Iterator[None]:
         handle.flush()
         yield
     finally:
+        path.unlink(missing_ok=True)  # while still held: a command waiting on it retries (_locked)
         handle.close()
+        with contextlib.suppress(OSError):  # only when empty
+            folder.rmdir()
+            if created:
+                Path(run_dir).rmdir()
+
+
+def _locked(path: Path, run_dir: Path, stage: str) -> Any:
+    """The lock file at `path`, opened and locked. A holder removes it as it lets go, so a command
+    that locked the file just before it went retries on the new one (the path must still name it)."""
+    while True:
+        try:
+            handle = open(path, "a+")  # noqa: SIM115 - held for the whole stage
+        except FileNotFoundError:  # a holder letting go removed RUN/.locks/ just now
+            path.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = _describe_holder(handle.read())
+            handle.close()
+            raise UserError(
+                f"stage {stage!r} of {run_dir} is being written by another smelt command ({holder}). "
+                f"Wait for it to finish or stop it; two commands writing one stage would corrupt it. "
+                f"To run both, give the second its own run directory (--set run.name=...)."
+            ) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return handle
+        handle.close()  # locked a file its holder had already removed: take the new one
 
 
 def _describe_holder(text: str) -> str:

@@ -140,6 +140,8 @@ def guarded(cfg: PostTrainConfig, name: str) -> Iterator[None]:
 
 
 def _remove_empty(folder: Path) -> bool:
+    if not folder.exists():  # gone already (stage_lock removes a run directory it made and left empty)
+        return True
     try:
         folder.rmdir()
     except OSError:
