@@ -113,8 +113,9 @@ def test_marker_without_meta_checksum_is_damage(tmp_path, capsys, marker):
     with pytest.raises(UserError, match="COMMITTED marker .* meta.json"):
         read_meta(second)
     assert main(["checkpoint", "verify", str(second)]) == 2
-    err = capsys.readouterr().err
-    assert "step_0000002: CORRUPT" in err and "unchecked" not in err
+    said = capsys.readouterr()  # the status line on stdout, the error on stderr
+    assert "step_0000002: CORRUPT" in said.out + said.err and "unchecked" not in said.out + said.err
+    assert "1 of 1 checkpoint(s) corrupt (step_0000002)" in said.err
     chosen, warnings = latest_valid_checkpoint(tmp_path / "ckpt")
     assert chosen.name == "step_0000001"
     assert len(warnings) == 1 and "skipping damaged checkpoint step_0000002" in warnings[0]

@@ -14,7 +14,15 @@ def test_pilot_checks_pass_on_a_healthy_tiny_model(data, monkeypatch):  # noqa: 
     tokens, tokenizer = data
     monkeypatch.setattr("smelt.train.check.OVERFIT_LR", 3e-3)  # a tiny model overfits faster
     rows = pilot_checks(tiny_config(), tokens, tokenizer)
-    assert [name for name, _, _ in rows] == [
+    # The values that follow the model's size come first, each with where it came from.
+    assert [name for name, _, _ in rows[:4]] == [
+        "train.lr",
+        "model.init_std",
+        "train.batch_tokens",
+        "train.warmup_tokens",
+    ]
+    assert "rule: 3e-3 x min(1, 256 / d_model)" in rows[0][2] or "set in the config" in rows[0][2]
+    assert [name for name, _, _ in rows[4:]] == [
         "step-0 loss ~ ln V",
         "every parameter gets a gradient",
         "overfit 8 sequences",
