@@ -46,7 +46,10 @@ def _module_name(path: Path) -> str:
 
 
 def _is_command_module(module: str) -> bool:
-    return module.endswith("commands") or module in ("smelt.cli", "smelt.__main__")  # `python -m smelt` is cli
+    return module.endswith("commands") or module in (
+        "smelt.cli",
+        "smelt.__main__",
+    )  # `python -m smelt` is cli
 
 
 def _unit(module: str) -> str:

@@ -478,7 +478,9 @@ def load_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 
 def config_from_dict(raw: dict[str, Any], origin: str = "<dict>") -> Config:
     raw = json.loads(json.dumps(raw))  # deep copy; TOML values are JSON values
-    given = {f"{section}.{key}" for section, values in raw.items() if isinstance(values, dict) for key in values}
+    given = {
+        f"{section}.{key}" for section, values in raw.items() if isinstance(values, dict) for key in values
+    }
     preset_keys: set[str] = set()
     model = raw.get("model")
     if isinstance(model, dict) and model.get("preset"):

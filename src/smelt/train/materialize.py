@@ -152,6 +152,4 @@ def write_rows(
     if start >= stop or 0 in size:
         return
     inner = tuple(slice(o, o + n) for o, n in zip(offset[1:], size[1:], strict=True))  # in the full tensor
-    local[start - offset[0] : stop - offset[0]].copy_(
-        block[(slice(start - first, stop - first), *inner)]
-    )
+    local[start - offset[0] : stop - offset[0]].copy_(block[(slice(start - first, stop - first), *inner)])
