@@ -32,6 +32,14 @@ def shared_data(*needed: str) -> Path:
     return root
 
 
+def smelt_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a child that runs smelt from this checkout (src/ on PYTHONPATH,
+    so no install is needed, as on a GPU machine's own Python)."""
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))
+    return env
+
+
 def machine() -> dict[str, object]:
     import torch
 

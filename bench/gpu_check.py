@@ -40,6 +40,7 @@ from typing import Any
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
+from common import smelt_env  # noqa: E402 (bench/ on the path first)
 
 # (name, seconds it may take at most on the GPU, the items whose outputs it reads, whether its figures
 # are timings that need the GPU to itself). The untimed items run side by side (--jobs) once the
@@ -79,14 +80,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def child_env() -> dict[str, str]:
-    """The environment of every process: smelt importable from this checkout without an install."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
 class ItemProcess:
     """One item running in its own process group, with its deadline."""
 
@@ -100,7 +93,7 @@ class ItemProcess:
             command.append("--dry-run")
         self.started = time.perf_counter()
         with open(self.log, "w") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env(),
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=smelt_env(PYTHONUNBUFFERED="1"),
                                          cwd=REPO, start_new_session=True)  # fmt: skip
         self.killed = False
 

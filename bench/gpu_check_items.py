@@ -21,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import smelt_env
+
+from smelt.train.goodput import read_records
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -63,12 +66,6 @@ class Context:
 # --- helpers ----------------------------------------------------------------------------------------
 
 
-def env() -> dict[str, str]:
-    out = dict(os.environ)
-    out["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), out.get("PYTHONPATH")]))
-    return out
-
-
 def smelt_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "smelt", *map(str, args)]
 
@@ -79,7 +76,7 @@ def smelt(ctx: Context, log_name: str, *args: str, timeout: float = 600) -> str:
     log = ctx.work / "logs" / f"{log_name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:  # written as it goes: an item killed at its deadline leaves its log
-        proc = subprocess.run(smelt_command(*args), cwd=REPO, env=env(), stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.run(smelt_command(*args), cwd=REPO, env=smelt_env(), stdout=out, stderr=subprocess.STDOUT,
                               timeout=timeout)  # fmt: skip
     text = log.read_text(errors="replace")
     if proc.returncode != 0:
@@ -96,17 +93,7 @@ def sets(overrides: dict[str, Any]) -> list[str]:
 
 
 def records(metrics: Path, kind: str = "train") -> list[dict[str, Any]]:
-    if not metrics.is_file():
-        return []
-    out = []
-    for line in metrics.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a kill
-            continue
-        if record.get("kind") == kind:
-            out.append(record)
-    return out
+    return [r for r in read_records(metrics) if r.get("kind") == kind]
 
 
 def fresh(ctx: Context, name: str) -> Path:
@@ -295,7 +282,7 @@ def kill_resume(ctx: Context) -> dict[str, Any]:
     command = smelt_command(*base, "--set", "run.name=kr_killed", *sets(overrides))
     metrics = killed / "train" / "metrics.jsonl"
     with open(ctx.work / "logs" / "kr_killed_first.log", "w") as log:
-        proc = subprocess.Popen(command, cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(command, cwd=REPO, env=smelt_env(), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
         last = 0
         while proc.poll() is None:
@@ -365,12 +352,9 @@ def train_losses(
     from smelt.train.optim import build_optimizer
 
     optimizer = build_optimizer(model, config_from_dict({"train": {"lr": lr}}).train, device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     losses = []
     for batch in batches:
-        with torch.autocast(device.type, dtype=dtype, enabled=device.type == "cuda"):
-            _, loss = model(batch["inputs"], batch["targets"], doc_ids=batch["doc_ids"],
-                            position_ids=batch["position_ids"])  # fmt: skip
+        loss = forward_loss(model, batch, device)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -513,7 +497,7 @@ def pytest_gpu(ctx: Context) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-p", "no:cacheprovider",
          f"--junitxml={report}", "-W", "ignore::DeprecationWarning"],
-        cwd=REPO, env=env(), capture_output=True, text=True, timeout=900,
+        cwd=REPO, env=smelt_env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     (ctx.work / "logs").mkdir(exist_ok=True)
     (ctx.work / "logs" / "pytest_gpu.log").write_text(proc.stdout + proc.stderr)

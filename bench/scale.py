@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import REPO, write_result
+from common import REPO, smelt_env, write_result
 
 from smelt.config import ModelConfig
 from smelt.model.flops import count_params
@@ -42,8 +41,7 @@ def main() -> int:
                      "parallel": "fsdp"}}  # fmt: skip
     params = count_params(ModelConfig(**model), args.vocab)["total"]
     figures: dict[str, object] = {"params": params, "weights_and_adam_gb": round(params * 12 / 1e9, 3)}
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SMELT_QUIET": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    env = smelt_env(OMP_NUM_THREADS="1", SMELT_QUIET="1")
     torchrun = Path(sys.executable).with_name("torchrun")
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.json"

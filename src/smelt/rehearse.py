@@ -36,6 +36,7 @@ from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, checkpoints_dir, list_checkpoints
 from smelt.plan.memory import Cluster, ModelShape, Recommendation, recommend
 from smelt.summary import print_table
+from smelt.train.goodput import read_records
 
 HEAD_DIM = 16
 TOLERANCE = 1e-3  # relative, between the two layouts' losses of the same step (fp32 on CPU: ~1e-6)
@@ -150,7 +151,8 @@ def launch(
         )
         while stop_after is not None and proc.poll() is None:
             run, step = stop_after
-            if losses(run) and max(losses(run)) >= step and list_checkpoints(checkpoints_dir(run)):
+            logged = losses(run)
+            if logged and max(logged) >= step and list_checkpoints(checkpoints_dir(run)):
                 os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank: nothing saves on the way out
                 proc.wait()
                 return
@@ -171,16 +173,11 @@ def launch(
 
 def losses(run: Path) -> dict[int, float]:
     """Each step's last logged loss (a resumed launch logs the steps it trained again after the first)."""
-    out: dict[int, float] = {}
-    metrics = run / "train" / "metrics.jsonl"
-    for line in metrics.read_text().splitlines() if metrics.is_file() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # a line being written, or cut by the kill
-            continue
-        if record.get("kind") == "train":
-            out[record["step"]] = record["loss"]
-    return out
+    return {
+        r["step"]: r["loss"]
+        for r in read_records(run / "train" / "metrics.jsonl")
+        if r.get("kind") == "train"
+    }
 
 
 def run_rehearsal(config: Path, overrides: list[str], cfg: Config, plan: Rehearsal) -> dict[str, Any]:

@@ -54,9 +54,8 @@ def build_training_model(
         return model, wrap_model(model, cfg.train.parallel, ctx, device, mesh), "whole"
     with torch.device("meta"):
         model = Transformer(cfg.model, vocab_size)
-    shapes = {(s.module, s.name): tuple(s.target(model).shape) for s in model.init_steps()}  # type: ignore[union-attr]
     replayed = [(s, tuple(s.target(model).shape)) for s in constructor_steps(model)]  # type: ignore[union-attr]
-    steps = [(s, shapes[(s.module, s.name)]) for s in model.init_steps()]
+    steps = [(s, tuple(s.target(model).shape)) for s in model.init_steps()]  # type: ignore[union-attr]
     wrapped = wrap_model(model, cfg.train.parallel, ctx, device, mesh)
     materialize(model, wrapped, replayed, steps, cfg.run.seed, device)
     return model, wrapped, "sharded"
