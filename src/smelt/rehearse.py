@@ -36,7 +36,6 @@ from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, checkpoints_dir, list_checkpoints
 from smelt.plan.memory import Cluster, ModelShape, Recommendation, recommend
 from smelt.summary import print_table
-from smelt.train.goodput import read_records
 
 HEAD_DIM = 16
 TOLERANCE = 1e-3  # relative, between the two layouts' losses of the same step (fp32 on CPU: ~1e-6)
@@ -173,6 +172,8 @@ def launch(
 
 def losses(run: Path) -> dict[int, float]:
     """Each step's last logged loss (a resumed launch logs the steps it trained again after the first)."""
+    from smelt.train.goodput import read_records  # here: `smelt --help` builds this parser without torch
+
     return {
         r["step"]: r["loss"]
         for r in read_records(run / "train" / "metrics.jsonl")

@@ -46,4 +46,5 @@ if __name__ == "__main__":
         params = sum(p.numel() for p in merged.values()) if gather else None
         torch.save({"params": merged, "built": built, "rss_before_kb": [b for _, b, _ in gathered],
                     "rss_peak_kb": [p for _, _, p in gathered], "param_count": params}, out)  # fmt: skip
+    dist.barrier()  # both ranks done before gloo is torn down (a rank leaving first can abort the other)
     shutdown(ctx)
