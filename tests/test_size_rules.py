@@ -57,3 +57,28 @@ def test_plan_model_shows_each_value_and_where_it_came_from():
     line = next(row for row in out.splitlines() if row.startswith("train.lr"))
     value = float(line.split()[3])
     assert 1e-4 <= value <= 3e-4 and "rule: 3e-3 x min(1, 256 / d_model)" in line
+
+
+def test_posttrain_lr_rules_give_the_fields_values_at_7b():
+    from smelt.config.size_rules import rule_posttrain_lr
+
+    assert 1e-5 <= rule_posttrain_lr("sft", 4096) <= 2e-5
+    assert 5e-7 <= rule_posttrain_lr("dpo", 2048) <= 1e-6 and 4e-7 <= rule_posttrain_lr("dpo", 4096) <= 1e-6
+    assert 5e-7 <= rule_posttrain_lr("grpo", 4096) <= 2e-6
+    assert rule_posttrain_lr("sft", 256) > rule_posttrain_lr("sft", 1024)  # smaller models, larger steps
+
+
+def test_a_posttrain_config_without_lr_takes_the_stage_rule(capsys, monkeypatch):
+    from smelt.config.size_rules import rule_posttrain_lr
+    from smelt.posttrain.config import config_from_dict
+    from smelt.posttrain.stage import resolve_lr
+
+    monkeypatch.delenv("SMELT_QUIET", raising=False)
+    cfg = config_from_dict({"stage": "dpo"})
+    assert cfg.optim.lr == 0.0 and cfg.dpo.beta == 0.1
+    resolve_lr(cfg, "dpo", {"d_model": 4096})
+    assert cfg.optim.lr == rule_posttrain_lr("dpo", 4096)
+    assert "by the rule" in capsys.readouterr().err
+    chosen = config_from_dict({"stage": "sft", "optim": {"lr": 3e-4}})
+    resolve_lr(chosen, "sft", {"d_model": 4096})
+    assert chosen.optim.lr == 3e-4  # a value the user set is kept

@@ -211,15 +211,17 @@ def _unless_rank_0(rank: int, redirect) -> Iterator[None]:
 
 def _one_process_unless_train(args: argparse.Namespace) -> None:
     """Under torchrun every rank would run the command in full: N copies of curate writing one
-    directory, N evaluations of one checkpoint. Only `smelt train` divides its work among ranks."""
+    directory, N evaluations of one checkpoint. Only `smelt train` and `smelt posttrain run` divide
+    their work among ranks."""
     world = os.environ.get("WORLD_SIZE", "1")
-    if args.command == "train" or world in ("", "0", "1"):
+    posttrain_run = args.command == "posttrain" and getattr(args, "posttrain_command", None) == "run"
+    if args.command == "train" or posttrain_run or world in ("", "0", "1"):
         return
     command = "curate quality-train" if args.command == "curate-quality-train" else args.command
     raise UserError(
         f"`smelt {command}` runs in one process, but it was started as one of {world} (WORLD_SIZE = {world}, "
-        f"set by torchrun). Only `smelt train` runs on several processes. Run `smelt {command} ...` without "
-        f"torchrun (curate and tokenize have their own worker pools, data.workers and tokens.workers), then "
+        f"set by torchrun). Only `smelt train` and `smelt posttrain run` run on several processes. Run "
+        f"`smelt {command} ...` without torchrun (curate and tokenize have their own worker pools, data.workers and tokens.workers), then "
         f"`torchrun --nproc-per-node N -m smelt.cli train CONFIG`; see docs/distributed.md."
     )
 

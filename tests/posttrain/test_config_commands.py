@@ -78,6 +78,14 @@ def test_run_sft_then_eval_through_the_handlers(base_run, tmp_path, capsys):
     result = json.loads((tmp_path / "sft" / "posttrain_eval" / "step_0000003.json").read_text())
     assert result["stage"] == "sft" and result["addition_chat"]["items"] == 4
     assert len(result["gallery"]) == 5
-    with pytest.raises(UserError, match=r"already holds committed sft checkpoints. Pass --force"):
-        args = _parse(["posttrain", "run", str(config)])
+    # The same command again finds the run complete: it resumes at the final checkpoint and trains nothing.
+    summary = json.loads((tmp_path / "sft" / "summary.json").read_text())
+    args = _parse(["posttrain", "run", str(config)])
+    assert args.func(args) == 0
+    again = json.loads((tmp_path / "sft" / "summary.json").read_text())
+    assert again["resumed_from_step"] == 3 and again["val_loss"] == summary["val_loss"]
+    assert again["train_loss"] == summary["train_loss"]
+    # Another config on the same run.out is refused without --force.
+    with pytest.raises(UserError, match=r"already holds committed sft checkpoints, and the latest cannot be resumed"):
+        args = _parse(["posttrain", "run", str(config), "--set", "optim.lr=1e-3"])
         args.func(args)

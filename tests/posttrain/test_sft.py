@@ -84,7 +84,7 @@ def test_sft_stage_lowers_validation_loss_and_records_the_parent(base_run, tmp_p
     start = records[0]
     assert start["event"] == "start" and start["parent"]["step"] == 1
     assert start["parent"]["run_dir"] == str(base_run.resolve())
-    assert [r["step"] for r in records if r["kind"] == "train"] == [5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in records if r["kind"] == "train"] == [1, 5, 10, 15, 20, 25, 30]
     run = json.loads((out / "train" / "run.json").read_text())
     assert run["stage"] == "sft" and run["parent"]["cumulative_tokens"] == 1000
     assert run["host_memory"].startswith("train.keep_host_memory")  # freed host memory reused on CPU
@@ -94,8 +94,8 @@ def test_sft_stage_lowers_validation_loss_and_records_the_parent(base_run, tmp_p
 
 
 def test_an_interrupted_attempt_is_said_to_start_over(base_run, tmp_path, capsys, monkeypatch):
-    """Post-training saves at the end only: after a kill, the next run says plainly that it starts over
-    from step 0 (it used to restart silently), and keeps the earlier records beside the new ones."""
+    """An attempt killed before its first checkpoint cannot resume: the next run says plainly that it starts
+    over from step 0, and keeps the earlier records beside the new ones."""
     monkeypatch.delenv("SMELT_QUIET", raising=False)  # the status lines are what is tested
     out = tmp_path / "sft"
     (out / "train").mkdir(parents=True)
@@ -103,6 +103,6 @@ def test_an_interrupted_attempt_is_said_to_start_over(base_run, tmp_path, capsys
     (out / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in earlier))
     run_sft(_sft_config(base_run, out, steps=2, log_every=1))
     said = capsys.readouterr()
-    assert "stopped after step 10 without a checkpoint" in said.out + said.err
+    assert "stopped after step 10, before its first checkpoint" in said.out + said.err
     assert "starts over from step 0" in said.out + said.err
     assert (out / "train" / "metrics.jsonl.1").read_text().count('"step": 10') == 1

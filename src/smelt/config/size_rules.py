@@ -40,6 +40,19 @@ def rule_lr(d_model: int) -> float:
     return SMALL_LR * min(1.0, SMALL_WIDTH / d_model)
 
 
+# Post-training's peak lr as a fraction of the pretraining rule: SFT 1.25e-5 at d 4096 (the field's 1-2e-5 at
+# 7B), DPO 4.7e-7 (5e-7 to 1e-6 at scale, 2e-7 at 70B), GRPO 9.4e-7 (about 1e-6 at 7B).
+POSTTRAIN_LR_DIVISOR = {"sft": 15.0, "dpo": 400.0, "grpo": 200.0}
+
+
+def rule_posttrain_lr(stage: str, d_model: int) -> float:
+    return rule_lr(d_model) / POSTTRAIN_LR_DIVISOR[stage]
+
+
+def posttrain_lr_rule(stage: str) -> str:
+    return f"{RULES['train.lr']} / {POSTTRAIN_LR_DIVISOR[stage]:g} ({stage})"
+
+
 def rule_init_std(d_model: int) -> float:
     return INIT_STD * min(1.0, math.sqrt(INIT_WIDTH / d_model))
 

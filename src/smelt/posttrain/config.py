@@ -37,6 +37,9 @@ class RunSection:
     seed: int = option(0, range=(0, 2**63 - 1))
     device: str = option("auto", choices=("auto", "cpu", "cuda"))
     precision: str = option("fp32", choices=("auto", "bf16", "fp32"), help="autocast dtype of the matmuls")
+    parallel: str = option(
+        "fsdp", choices=("fsdp", "ddp"), help="under torchrun: FSDP2 shards the weights, DDP replicates them"
+    )
 
 
 @dataclass
@@ -56,7 +59,9 @@ class DataSection:
 
 @dataclass
 class OptimSection:
-    lr: float = option(1e-4, range=(0.0, 10.0))
+    lr: float = option(
+        0.0, range=(0.0, 10.0), help="peak lr (0: by the stage and the model's width, config/size_rules.py)"
+    )
     steps: int = option(100, range=(1, 10**9), help="optimizer steps")
     batch_size: int = option(8, range=(1, 10**6), help="rows (SFT), pairs (DPO) or prompts (GRPO) per step")
     seq_len: int = option(0, range=(0, 10**7), help="longest sequence (0: the parent's max_seq_len)")
@@ -67,6 +72,10 @@ class OptimSection:
     grad_clip: float = option(1.0, range=(0.0, 1e6))
     log_every: int = option(10, range=(1, 10**9))
     eval_every: int = option(0, range=(0, 10**9), help="validation every N steps (0: at the start and end)")
+    checkpoint_every: int = option(
+        50, range=(0, 10**9), help="a full, resumable checkpoint every N steps (0: at the end only)"
+    )
+    keep_last: int = option(2, range=(1, 10**6), help="checkpoints kept (older ones are deleted)")
 
 
 @dataclass

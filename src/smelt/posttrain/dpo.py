@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,20 +25,19 @@ from smelt.config import hash_json
 from smelt.model.transformer import IGNORE_INDEX
 from smelt.posttrain.config import DPOSection, PostTrainConfig
 from smelt.posttrain.data import pair_split
+from smelt.posttrain.loop import BEFORE, Cursor, Loop
 from smelt.posttrain.stage import (
     Stage,
     begin,
     finish,
     guarded,
-    log_record,
     make_optimizer,
     make_schedule,
     open_stage,
     optimizer_step,
     start_event,
-    timed,
 )
-from smelt.progress import log, progress
+from smelt.progress import log
 
 REFERENCE_FILE = "reference_logps.json"
 
@@ -150,7 +148,8 @@ def cached_reference(
         if saved.get("key") == digest:
             return saved["logps"]
     logps = reference_logps(stage, encoded, batch_size)
-    path.write_text(json.dumps({"key": digest, "what": key, "logps": logps}))
+    if stage.is_main:  # every rank computed the same values
+        path.write_text(json.dumps({"key": digest, "what": key, "logps": logps}))
     return logps
 
 
@@ -211,68 +210,54 @@ def _run_dpo(cfg: PostTrainConfig, force: bool, stage: Stage | None) -> dict[str
         held_reference = {k: v[n:] for k, v in both.items()}
     else:  # SimPO: the parent's margins still tell how far the policy moved on held-out pairs
         held_reference = reference_logps(stage, held_encoded, o.batch_size)
-    optimizer, schedule = make_optimizer(stage), make_schedule(stage)
+    loop = Loop(stage, make_optimizer(stage), make_schedule(stage), Cursor(len(encoded), cfg.run.seed + 1),
+                o.batch_size)  # fmt: skip
+    loop.restore()
     start_event(stage, o.steps, loss=d.loss, train_pairs=len(encoded), heldout_pairs=len(held),
                 truncated=sum(p.truncated for p in encoded), **split.stats())  # fmt: skip
     log(f"[dpo] {d.loss}: {len(encoded)} pairs, {len(held)} held out; {o.steps} steps of {o.batch_size}")
-    before = heldout_metrics(stage, held_encoded, held_reference, o.batch_size)
-    log_record(
-        stage, {"kind": "eval", "step": 0, "tokens": 0, **{f"heldout_{k}": v for k, v in before.items()}}
-    )
-    rng = random.Random(cfg.run.seed + 1)
-    order: list[int] = []
+
+    def heldout(step: int) -> dict[str, Any]:
+        figures = heldout_metrics(stage, held_encoded, held_reference, o.batch_size)
+        stage.log_record({"kind": "eval", "step": step, "tokens": stage.tokens,
+                          **{f"heldout_{k}": v for k, v in figures.items()}})  # fmt: skip
+        return figures
+
+    if loop.start_step == 0:
+        loop.carry[BEFORE] = heldout(0)
     stage.model.train()
-    bar = progress(total=o.steps, desc=d.loss, unit="step")
-    first_loss = None
-    for step in range(o.steps):
-        index = []
-        while len(index) < o.batch_size:
-            if not order:
-                order = list(range(len(encoded)))
-                rng.shuffle(order)
-            index.append(order.pop())
-        batch = [encoded[i] for i in index]
-        lr = schedule(step)
-        tokens = sum(len(p.chosen[0]) + len(p.rejected[0]) for p in batch)
 
-        def work(batch=batch, index=index, lr=lr) -> tuple[dict[str, Any], float]:
-            policy = pair_logps(stage.model, batch, stage.tokenizer.pad_id, stage.device, stage.precision)
-            ref = None
-            if reference is not None:
-                at = torch.tensor(index)
-                ref = {k: v[at].to(stage.device) for k, v in reference.items()}
-            out = preference_loss(policy, ref, d)
-            out["loss"].backward()
-            stats = {
-                "loss": float(out["loss"].detach()),
-                "reward_margin": float((out["chosen_reward"] - out["rejected_reward"]).detach().mean()),
-                "reward_accuracy": float((out["chosen_reward"] > out["rejected_reward"]).float().mean()),
-                "chosen_reward": float(out["chosen_reward"].detach().mean()),
-                "rejected_reward": float(out["rejected_reward"].detach().mean()),
-                "logp_chosen": float((policy["chosen"] / policy["chosen_len"].clamp(min=1)).detach().mean()),
-                "logp_rejected": float(
-                    (policy["rejected"] / policy["rejected_len"].clamp(min=1)).detach().mean()
-                ),
-            }
-            return stats, optimizer_step(stage, optimizer, lr)
+    def step_fn(index: list[int], lr: float, step: int) -> dict[str, Any]:
+        # Each rank takes an equal share of the pairs; gradient averaging over ranks makes the mean.
+        mine = stage.own(index)
+        policy = pair_logps(stage.model, [encoded[i] for i in mine], stage.tokenizer.pad_id, stage.device,
+                            stage.precision)  # fmt: skip
+        ref = None
+        if reference is not None:
+            at = torch.tensor(mine)
+            ref = {k: v[at].to(stage.device) for k, v in reference.items()}
+        out = preference_loss(policy, ref, d)
+        out["loss"].backward()
+        chosen, rejected = out["chosen_reward"].detach(), out["rejected_reward"].detach()
+        local = torch.stack([
+            out["loss"].detach(), (chosen - rejected).mean(), (chosen > rejected).float().mean(), chosen.mean(),
+            rejected.mean(), (policy["chosen"] / policy["chosen_len"].clamp(min=1)).detach().mean(),
+            (policy["rejected"] / policy["rejected_len"].clamp(min=1)).detach().mean(),
+        ]).double()  # fmt: skip
+        means = (stage.all_sum(local) / stage.world_size).tolist()
+        names = ("loss", "reward_margin", "reward_accuracy", "chosen_reward", "rejected_reward", "logp_chosen",
+                 "logp_rejected")  # fmt: skip
+        stats: dict[str, Any] = dict(zip(names, means, strict=True))
+        stats["grad_norm"] = optimizer_step(stage, loop.optimizer, lr)
+        stats["tokens"] = sum(len(encoded[i].chosen[0]) + len(encoded[i].rejected[0]) for i in index)
+        if step == 0:
+            loop.carry["first_loss"] = stats["loss"]
+        return stats
 
-        stats, norm = timed(stage, work, tokens)
-        first_loss = stats["loss"] if first_loss is None else first_loss
-        if (step + 1) % o.log_every == 0 or step == 0 or step + 1 == o.steps:
-            log_record(stage, {"kind": "train", "step": step + 1, "tokens": stage.tokens, **stats, "lr": lr,
-                               "grad_norm": norm, "tokens_per_s": stage.tokens_per_s()})  # fmt: skip
-        if o.eval_every and (step + 1) % o.eval_every == 0 and step + 1 < o.steps:
-            mid = heldout_metrics(stage, held_encoded, held_reference, o.batch_size)
-            log_record(stage, {"kind": "eval", "step": step + 1, "tokens": stage.tokens,
-                               **{f"heldout_{k}": v for k, v in mid.items()}})  # fmt: skip
-        bar.update(1)
-        bar.set_postfix(loss=f"{stats['loss']:.3f}")
-    bar.close()
-    after = heldout_metrics(stage, held_encoded, held_reference, o.batch_size)
-    log_record(stage, {"kind": "eval", "step": o.steps, "tokens": stage.tokens,
-                       **{f"heldout_{k}": v for k, v in after.items()}})  # fmt: skip
-    return finish(stage, o.steps, {
-        "loss": d.loss, "first_loss": first_loss, "ln2": math.log(2), "final_loss": stats["loss"],
-        "heldout_before": before, "heldout_after": after, "train_pairs": len(encoded),
-        "heldout_pairs": len(held), **split.stats(),
+    last = loop.run(step_fn, heldout)
+    after = heldout(o.steps)
+    return finish(stage, loop, o.steps, {
+        "loss": d.loss, "first_loss": loop.carry.get("first_loss"), "ln2": math.log(2),
+        "final_loss": last.get("loss"), "heldout_before": loop.carry[BEFORE], "heldout_after": after,
+        "train_pairs": len(encoded), "heldout_pairs": len(held), **split.stats(),
     })  # fmt: skip

@@ -15,7 +15,6 @@ in training (group_size replies per prompt at the training temperature), before 
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from smelt.posttrain.chat import prompt_of
 from smelt.posttrain.config import PostTrainConfig
 from smelt.posttrain.data import conversation_split
 from smelt.posttrain.evaluate import generate_replies, mean_reward
+from smelt.posttrain.loop import BEFORE, Cursor, Loop
 from smelt.posttrain.rewards import resolve_reward
 from smelt.posttrain.stage import (
     Stage,
@@ -32,15 +32,13 @@ from smelt.posttrain.stage import (
     finish,
     guarded,
     load_policy,
-    log_record,
     make_optimizer,
     make_schedule,
     open_stage,
     optimizer_step,
     start_event,
-    timed,
 )
-from smelt.progress import log, progress
+from smelt.progress import log
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -75,8 +73,11 @@ def grpo_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     kl_coef: float,
+    replies: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the loss, the mean per-token KL to the reference) of one batch of replies."""
+    """(the loss, the mean per-token KL to the reference) of one batch of replies. `replies`: divide the
+    sum of per-reply losses by this count of replies with tokens (a rank's share of a larger batch)
+    instead of taking the mean of these."""
     ratio = torch.exp(logps - logps.detach())
     per_token = -advantages[:, None] * ratio
     kl = torch.zeros_like(logps)
@@ -89,6 +90,8 @@ def grpo_loss(
     has = lengths > 0
     per_reply = (per_token * maskf).sum(dim=1)[has] / lengths[has]
     mean_kl = (kl * maskf).sum() / maskf.sum().clamp(min=1)
+    if replies is not None:
+        return per_reply.sum() / max(replies, 1) + per_token.sum() * 0.0, mean_kl.detach()
     return per_reply.mean() if bool(has.any()) else per_token.sum() * 0.0, mean_kl.detach()
 
 
@@ -106,11 +109,17 @@ def _run_grpo(cfg: PostTrainConfig, force: bool, stage: Stage | None) -> dict[st
     begin(stage, split)
     o, g = cfg.optim, cfg.grpo
     reference = (
-        load_policy(stage.parent, stage.device, stage.model.cfg.max_seq_len).eval() if g.kl_coef else None
+        load_policy(
+            stage.parent, stage.device, stage.model.cfg.max_seq_len, stage.ctx, cfg.run.parallel
+        ).eval()
+        if g.kl_coef
+        else None
     )
     if reference is not None:
         reference.requires_grad_(False)
-    optimizer, schedule = make_optimizer(stage), make_schedule(stage)
+    loop = Loop(stage, make_optimizer(stage), make_schedule(stage), Cursor(len(train), cfg.run.seed + 1),
+                o.batch_size)  # fmt: skip
+    loop.restore()
     chat = stage.chat
     start_event(stage, o.steps, train_items=len(train), heldout_items=len(held), group_size=g.group_size,
                 reward=g.reward, kl_coef=g.kl_coef, **split.stats())  # fmt: skip
@@ -124,68 +133,60 @@ def _run_grpo(cfg: PostTrainConfig, force: bool, stage: Stage | None) -> dict[st
                                                   temperature=g.temperature, samples=g.group_size,
                                                   seed=cfg.run.seed + 7),
         }  # fmt: skip
-        log_record(stage, {"kind": "eval", "step": step, "tokens": stage.tokens, **figures})
+        stage.log_record({"kind": "eval", "step": step, "tokens": stage.tokens, **figures})
         return figures
 
-    before = heldout(0)
-    rng = random.Random(cfg.run.seed + 1)
-    order: list[int] = []
-    bar = progress(total=o.steps, desc="grpo", unit="step")
-    curve = []
-    for step in range(o.steps):
-        batch = []
-        while len(batch) < o.batch_size:
-            if not order:
-                order = list(range(len(train)))
-                rng.shuffle(order)
-            batch.append(train[order.pop()])
-        lr = schedule(step)
+    if loop.start_step == 0:
+        loop.carry[BEFORE] = heldout(0)
+    curve = loop.carry.setdefault("reward_curve", [])
 
-        def work(batch=batch, lr=lr, step=step) -> dict[str, Any]:
-            prompts = [chat.prompt_ids(prompt_of(item)) for item in batch for _ in range(g.group_size)]
-            replies = generate_replies(stage.model, prompts, chat.end_of_turn_id, g.max_new_tokens,
-                                       batch_size=len(prompts), temperature=g.temperature,
-                                       seed=cfg.run.seed * 1_000_003 + step)  # fmt: skip
-            owners = [item for item in batch for _ in range(g.group_size)]
-            rewards = torch.tensor(
-                [reward(chat.decode_reply(r), item) for r, item in zip(replies, owners, strict=True)]
-            )
-            advantages = group_advantages(rewards, g.group_size).to(stage.device)
-            inputs, targets = rows_of(prompts, replies, stage.tokenizer.pad_id, stage.device)
-            mask = targets != IGNORE_INDEX
-            stage.model.train()
-            with stage.precision.autocast():
-                logps = token_logps(stage.model, inputs, targets).float()
-                ref = None
-                if reference is not None:
-                    with torch.no_grad():
-                        ref = token_logps(reference, inputs, targets).float()
-            loss, kl = grpo_loss(logps, ref, advantages, mask, g.kl_coef)
-            loss.backward()
-            norm = optimizer_step(stage, optimizer, lr)
-            groups = rewards.view(-1, g.group_size)
-            return {
-                "loss": float(loss.detach()), "reward": float(rewards.mean()), "reward_std": float(rewards.std()),
-                "groups_with_signal": float((groups.std(dim=1) > 0).float().mean()),
-                "reply_tokens": float(mask.sum(dim=1).float().mean()), "kl": float(kl), "grad_norm": norm,
-                "tokens": inputs.numel(),
-            }  # fmt: skip
-
-        # Sampling is part of an RL step's cost, so it counts in the stage's tokens/s.
-        stats = timed(stage, work, tokens=0)
-        stage.tokens += stats.pop("tokens")
+    def step_fn(index: list[int], lr: float, step: int) -> dict[str, Any]:
+        # Every rank samples every group (same seed, same weights: the ranks stay in step through the
+        # sharded forwards) and trains on its share of the replies; sampling is part of an RL step's
+        # cost, so it counts in the stage's tokens/s.
+        batch = [train[i] for i in index]
+        prompts = [chat.prompt_ids(prompt_of(item)) for item in batch for _ in range(g.group_size)]
+        replies = generate_replies(stage.model, prompts, chat.end_of_turn_id, g.max_new_tokens,
+                                   batch_size=len(prompts), temperature=g.temperature,
+                                   seed=cfg.run.seed * 1_000_003 + step)  # fmt: skip
+        owners = [item for item in batch for _ in range(g.group_size)]
+        rewards = torch.tensor(
+            [reward(chat.decode_reply(r), item) for r, item in zip(replies, owners, strict=True)]
+        )
+        advantages = group_advantages(rewards, g.group_size)
+        inputs, targets = rows_of(prompts, replies, stage.tokenizer.pad_id, stage.device)
+        mask = targets != IGNORE_INDEX
+        with_tokens = int((mask.sum(dim=1) > 0).sum())
+        mine = torch.tensor(stage.own(list(range(len(prompts)))))
+        stage.model.train()
+        with stage.precision.autocast():
+            logps = token_logps(stage.model, inputs[mine], targets[mine]).float()
+            ref = None
+            if reference is not None:
+                with torch.no_grad():
+                    ref = token_logps(reference, inputs[mine], targets[mine]).float()
+        scale = stage.world_size if stage.world_size > 1 else None
+        loss, kl = grpo_loss(logps, ref, advantages[mine].to(stage.device), mask[mine], g.kl_coef,
+                             replies=with_tokens if scale else None)  # fmt: skip
+        (loss * (scale or 1)).backward()
+        norm = optimizer_step(stage, loop.optimizer, lr)
+        groups = rewards.view(-1, g.group_size)
+        kl_tokens = stage.all_sum(torch.stack([kl.double() * mask[mine].sum(), mask[mine].sum().double()]))
+        stats = {
+            "loss": float(stage.all_sum(loss.detach().double())), "reward": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "groups_with_signal": float((groups.std(dim=1) > 0).float().mean()),
+            "reply_tokens": float(mask.sum(dim=1).float().mean()), "kl": float(kl_tokens[0] / kl_tokens[1].clamp(min=1)),
+            "grad_norm": norm, "tokens": inputs.numel(),
+        }  # fmt: skip
         curve.append(stats["reward"])
-        if (step + 1) % o.log_every == 0 or step == 0 or step + 1 == o.steps:
-            log_record(stage, {"kind": "train", "step": step + 1, "tokens": stage.tokens, **stats, "lr": lr,
-                               "tokens_per_s": stage.tokens_per_s()})  # fmt: skip
-        if o.eval_every and (step + 1) % o.eval_every == 0 and step + 1 < o.steps:
-            heldout(step + 1)
-        bar.update(1)
-        bar.set_postfix(reward=f"{stats['reward']:.2f}")
-    bar.close()
+        return stats
+
+    loop.run(step_fn, heldout, show="reward")
     after = heldout(o.steps)
+    before = loop.carry[BEFORE]
     quarter = max(1, len(curve) // 4)
-    return finish(stage, o.steps, {
+    return finish(stage, loop, o.steps, {
         "heldout_reward_before": before["heldout_reward"], "heldout_reward_after": after["heldout_reward"],
         "heldout_sampled_reward_before": before["heldout_sampled_reward"],
         "heldout_sampled_reward_after": after["heldout_sampled_reward"],

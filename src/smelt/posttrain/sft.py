@@ -18,20 +18,19 @@ from smelt.chat_template import ChatFormat, Encoded
 from smelt.model.transformer import IGNORE_INDEX, position_ids_from_doc_ids
 from smelt.posttrain.config import PostTrainConfig
 from smelt.posttrain.data import conversation_split
+from smelt.posttrain.loop import BEFORE, Cursor, Loop
 from smelt.posttrain.stage import (
     Stage,
     begin,
     finish,
     guarded,
-    log_record,
     make_optimizer,
     make_schedule,
     open_stage,
     optimizer_step,
     start_event,
-    timed,
 )
-from smelt.progress import log, progress
+from smelt.progress import log
 
 
 @dataclass
@@ -139,55 +138,48 @@ def _run_sft(cfg: PostTrainConfig, force: bool, stage: Stage | None) -> dict[str
     train = pack(encode_items(stage.chat, [train_items[i] for i in order]), stage.seq_len, pad)
     val = pack(encode_items(stage.chat, held), stage.seq_len, pad) if held else None
     begin(stage, split)
-    optimizer, schedule = make_optimizer(stage), make_schedule(stage)
     o = cfg.optim
+    loop = Loop(stage, make_optimizer(stage), make_schedule(stage), Cursor(len(train), cfg.run.seed + 1),
+                o.batch_size)  # fmt: skip
+    loop.restore()
     trained = int((train.targets != IGNORE_INDEX).sum())
     start_event(stage, o.steps, train_items=len(train_items), heldout_items=len(held), rows=len(train),
                 truncated=train.truncated, trained_tokens_per_epoch=trained, seq_len=stage.seq_len,
                 **split.stats())  # fmt: skip
     log(f"[sft] {len(train_items)} conversations in {len(train)} rows of {stage.seq_len} "
         f"({trained} trained tokens, {train.truncated} cut), {len(held)} held out; {o.steps} steps")  # fmt: skip
-    first_val = validation_loss(stage, val, o.batch_size) if val is not None else None
-    if first_val is not None:
-        log_record(stage, {"kind": "eval", "step": 0, "tokens": 0, "val_loss": first_val})
-    rng = random.Random(cfg.run.seed + 1)
-    epoch_order: list[int] = []
+
+    def validate(step: int) -> float | None:
+        value = validation_loss(stage, val, o.batch_size) if val is not None else None
+        if value is not None:
+            stage.log_record({"kind": "eval", "step": step, "tokens": stage.tokens, "val_loss": value})
+        return value
+
+    if loop.start_step == 0:
+        loop.carry[BEFORE] = validate(0)
     stage.model.train()
-    last: dict[str, Any] = {}
-    bar = progress(total=o.steps, desc="sft", unit="step")
-    for step in range(o.steps):
-        index = []
-        while len(index) < o.batch_size:
-            if not epoch_order:
-                epoch_order = list(range(len(train)))
-                rng.shuffle(epoch_order)
-            index.append(epoch_order.pop())
-        batch = train.rows(index, stage.device)
-        lr = schedule(step)
 
-        def work(batch=batch, lr=lr) -> tuple[float, float]:
-            with stage.precision.autocast():
-                parts = masked_loss(stage.model, batch)
-            parts["loss"].backward()
-            return float(parts["ce"].detach()), optimizer_step(stage, optimizer, lr)
+    def step_fn(index: list[int], lr: float, step: int) -> dict[str, Any]:
+        # The loss is the token mean over the whole global batch: each rank sums its rows' losses and
+        # divides by the batch's trained-target count, times the world size that gradient averaging divides by.
+        targets = int((train.targets[torch.tensor(index)] != IGNORE_INDEX).sum())
+        batch = train.rows(stage.own(index), stage.device)
+        with stage.precision.autocast():
+            parts = masked_loss(stage.model, batch, reduction="none")
+        (parts["loss"].sum() * (stage.world_size / max(targets, 1))).backward()
+        ce = stage.all_sum(parts["ce"].detach().double().sum()) / max(targets, 1)
+        norm = optimizer_step(stage, loop.optimizer, lr)
+        return {
+            "loss": float(ce),
+            "grad_norm": norm,
+            "target_tokens": targets,
+            "tokens": len(index) * train.inputs.shape[1],
+        }
 
-        ce, norm = timed(stage, work, tokens=batch[0].numel())
-        last = {"kind": "train", "step": step + 1, "tokens": stage.tokens, "loss": ce, "lr": lr,
-                "grad_norm": norm, "target_tokens": int((batch[1] != IGNORE_INDEX).sum()),
-                "tokens_per_s": stage.tokens_per_s()}  # fmt: skip
-        if (step + 1) % o.log_every == 0 or step + 1 == o.steps:
-            log_record(stage, last)
-        if val is not None and o.eval_every and (step + 1) % o.eval_every == 0 and step + 1 < o.steps:
-            log_record(stage, {"kind": "eval", "step": step + 1, "tokens": stage.tokens,
-                               "val_loss": validation_loss(stage, val, o.batch_size)})  # fmt: skip
-        bar.update(1)
-        bar.set_postfix(loss=f"{ce:.3f}")
-    bar.close()
-    final_val = validation_loss(stage, val, o.batch_size) if val is not None else None
-    if final_val is not None:
-        log_record(stage, {"kind": "eval", "step": o.steps, "tokens": stage.tokens, "val_loss": final_val})
-    return finish(stage, o.steps, {
-        "train_loss": last.get("loss"), "val_loss_before": first_val, "val_loss": final_val,
+    last = loop.run(step_fn, validate)
+    final_val = validate(o.steps)
+    return finish(stage, loop, o.steps, {
+        "train_loss": last.get("loss"), "val_loss_before": loop.carry.get(BEFORE), "val_loss": final_val,
         "train_items": len(train_items), "heldout_items": len(held), "truncated": train.truncated,
         **split.stats(),
     })  # fmt: skip

@@ -4,8 +4,12 @@ lay out the new run directory, the optimizer and schedule, metrics, checkpoints 
 A stage's output is a run directory like a fork's: RUN/tokenizer (the parent's, copied), RUN/config.json
 (the parent's pipeline config, so `smelt eval RUN` and `smelt export hf RUN` work on it),
 RUN/train/run.json (the post-training config and the parent record), RUN/train/metrics.jsonl,
-RUN/train/checkpoints/step_NNNNNNN (weights only) and RUN/summary.json. The next stage names RUN as
-its parent, so SFT -> DPO -> GRPO is a lineage chain the reports draw.
+RUN/train/checkpoints/step_NNNNNNN (full checkpoints: posttrain/loop.py) and RUN/summary.json. The next
+stage names RUN as its parent, so SFT -> DPO -> GRPO is a lineage chain the reports draw.
+
+Under torchrun every rank opens the stage: the model is built on the meta device, sharded by FSDP2 (or
+replicated by DDP: run.parallel), and the parent's weights stream from DCP into each rank's shards, so no
+rank holds a whole copy under FSDP2. Rank 0 alone writes the run directory's files and metrics.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 
 from smelt.chat_template import ChatFormat
 from smelt.checkpoint.lineage import Parent, load_parent, resolve_parent
-from smelt.checkpoint.store import read_meta, save_checkpoint
+from smelt.checkpoint.store import checkpoint_at_step, latest_valid_checkpoint, read_meta
 from smelt.config import ModelConfig, TrainConfig, hash_json
 from smelt.errors import UserError
 from smelt.lifecycle import LOCKS, committed_checkpoints, move_aside, stage_lock
@@ -34,11 +38,12 @@ from smelt.manifest import code_version, library_versions, write_json
 from smelt.model.transformer import Transformer
 from smelt.posttrain.config import PostTrainConfig
 from smelt.posttrain.data import Split
+from smelt.posttrain.loop import resume_point
 from smelt.progress import log
 from smelt.tokenizer.load import Tokenizer
-from smelt.train.distributed import clip_grads_, global_grad_norm
+from smelt.train.distributed import DistContext, clip_grads_, device_for, env_world, global_grad_norm
 from smelt.train.host_memory import host_memory_note
-from smelt.train.monitors import MetricsLog
+from smelt.train.monitors import MetricsLog, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import Precision, resolve_precision
 from smelt.train.schedule import Schedule
@@ -64,10 +69,50 @@ class Stage:
     train_seconds: float = 0.0
     force: bool = False  # --force: begin() moves a previous run's train/ aside
     host_memory: str = ""  # how freed host memory is handled (train/host_memory.py)
+    ctx: DistContext = field(default_factory=lambda: DistContext(0, 1, 0, owns_group=False))
+    resume_from: Path | None = None  # the checkpoint this run continues from (open_stage decides)
 
     @property
     def train_dir(self) -> Path:
         return self.out_dir / "train"
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.ctx.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        """Whether each rank holds a shard of every weight (FSDP2 over several processes)."""
+        return self.ctx.distributed and self.cfg.run.parallel == "fsdp"
+
+    def own(self, index: list[int]) -> list[int]:
+        """This rank's share of a global batch (every rank draws the same one): every world_size-th item."""
+        return index[self.ctx.rank :: self.world_size]
+
+    def all_sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of `value` over the ranks (itself for one process)."""
+        if self.ctx.distributed:
+            value = value.detach().clone()
+            torch.distributed.all_reduce(value)
+        return value
+
+    def log_record(self, record: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+
+    def timed(self, work: Callable[[], Any]) -> Any:
+        """Run one step's work, adding its wall time to the stage's throughput (tokens are added by the
+        loop from what the work returns)."""
+        begin = time.perf_counter()
+        out = work()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.train_seconds += time.perf_counter() - begin
+        return out
 
     def model_config(self) -> dict[str, Any]:
         return dataclasses.asdict(self.model.cfg)
@@ -86,16 +131,35 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_policy(parent: Parent, device: torch.device, max_seq_len: int = 0) -> Transformer:
+def load_policy(
+    parent: Parent,
+    device: torch.device,
+    max_seq_len: int = 0,
+    ctx: DistContext | None = None,
+    parallel: str = "fsdp",
+) -> Transformer:
     """The parent's model with its weights (through the fork loader); max_seq_len > 0 overrides the
-    context length (RoPE is computed, not stored, so the weights still fit)."""
+    context length (RoPE is computed, not stored, so the weights still fit). With a distributed `ctx`
+    the model is built on the meta device, wrapped (FSDP2 or DDP) and only then given storage, and
+    DCP reads each rank's shards into it."""
     meta = read_meta(parent.checkpoint, verify=False)
     saved = dict(meta["model_config"])
     if max_seq_len:
         saved["max_seq_len"] = max_seq_len
-    model = Transformer.for_loading(ModelConfig(**saved), int(meta["vocab_size"]), device)
-    load_parent(parent, model, None, with_optimizer=False)  # type: ignore[arg-type]
-    return model
+    cfg, vocab = ModelConfig(**saved), int(meta["vocab_size"])
+    if ctx is None or not ctx.distributed:
+        model = Transformer.for_loading(cfg, vocab, device)
+        load_parent(parent, model, None, with_optimizer=False)  # type: ignore[arg-type]
+        return model
+    from smelt.train.distributed import wrap_model
+    from smelt.train.materialize import materialize
+
+    with torch.device("meta"):
+        model = Transformer(cfg, vocab)
+    wrapped = wrap_model(model, parallel, ctx, device)
+    materialize(model, wrapped, [], [], 0, device)  # storage and the RoPE table only: DCP fills the rest
+    load_parent(parent, wrapped, None, with_optimizer=False)  # type: ignore[arg-type]
+    return wrapped  # type: ignore[return-value]
 
 
 def check_run_section(cfg: PostTrainConfig, name: str) -> None:
@@ -118,6 +182,13 @@ def guarded(cfg: PostTrainConfig, name: str) -> Iterator[None]:
     run directory. A SIGKILL leaves the lock file, which holds nothing once its process is gone."""
     check_run_section(cfg, name)
     out_dir = Path(cfg.run.out)
+    if env_world()[0] != 0:  # under torchrun, rank 0 holds the lock and tidies up for the run
+        restore = _exit_on_sigterm()
+        try:
+            yield
+        finally:
+            restore()
+        return
     created = out_dir
     while not created.parent.exists() and created.parent != created:
         created = created.parent
@@ -158,7 +229,7 @@ def _exit_on_sigterm() -> Callable[[], None]:
         return lambda: None
 
     def stop(signum: int, frame: Any) -> None:
-        log(f"post-training stopped by signal {signum}; no checkpoint was written (stages save at the end)")
+        log(f"post-training stopped by signal {signum} before its first step: there is nothing to resume")
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -175,12 +246,23 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
         raise UserError(
             f"run.out = {cfg.run.out!r} is the parent run itself; a {name} stage writes a new run."
         )
+    resolve_lr(cfg, name, read_meta(parent.checkpoint, verify=False)["model_config"])
+    resume_from = None
     if committed_checkpoints(out_dir / "train") and not force:
-        raise UserError(
-            f"{out_dir} already holds committed {name} checkpoints. Pass --force to move that run to "
-            f"{out_dir / 'superseded'} and start again, or choose another run.out."
-        )
-    device = resolve_device(cfg.run.device)
+        latest, _ = latest_valid_checkpoint(out_dir / "train" / "checkpoints")
+        resume_from, why_not = resume_point(latest, hash_json(cfg.to_dict()))
+        if resume_from is None:
+            raise UserError(
+                f"{out_dir} already holds committed {name} checkpoints, and the latest cannot be resumed: "
+                f"{why_not or 'none is valid'}. Pass --force to move that run to {out_dir / 'superseded'} "
+                f"and start again, or choose another run.out."
+            )
+    resolve_device(cfg.run.device)  # the user error for a missing CUDA device
+    rank, world_size, local_rank = env_world()
+    device = device_for(cfg.run.device, local_rank)
+    from smelt.train.distributed import init_distributed
+
+    ctx = init_distributed(device)
     host_memory = host_memory_note(True, device.type)  # as pretraining's default: train/host_memory.py
     torch.manual_seed(cfg.run.seed)
     tokenizer = Tokenizer.load(parent.run_dir / "tokenizer")
@@ -192,11 +274,28 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
         )
     max_len = int(meta["model_config"]["max_seq_len"])
     seq_len = cfg.optim.seq_len or max_len
-    model = load_policy(parent, device, max_seq_len=max(seq_len, max_len))
+    if cfg.optim.batch_size % ctx.world_size:
+        raise UserError(
+            f"optim.batch_size = {cfg.optim.batch_size} does not divide over {ctx.world_size} processes: each "
+            f"rank takes an equal share of every batch. Set a multiple of {ctx.world_size}."
+        )
+    model = load_policy(parent, device, max(seq_len, max_len), ctx, cfg.run.parallel)
     return Stage(
         name, cfg, parent, out_dir, tokenizer, ChatFormat(tokenizer), model, device,
         resolve_precision(cfg.run.precision, device), seq_len, force=force, host_memory=host_memory,
+        ctx=ctx, resume_from=resume_from,
     )  # fmt: skip
+
+
+def resolve_lr(cfg: PostTrainConfig, name: str, model_config: dict[str, Any]) -> None:
+    """optim.lr = 0 takes the stage's rule for the parent's width (config/size_rules.py), said in the log."""
+    if cfg.optim.lr:
+        return
+    from smelt.config.size_rules import posttrain_lr_rule, rule_posttrain_lr
+
+    cfg.optim.lr = rule_posttrain_lr(name, int(model_config["d_model"]))
+    log(f"[{name}] optim.lr = {cfg.optim.lr:.3g}, by the rule {posttrain_lr_rule(name)} for d_model "
+        f"{model_config['d_model']} (set optim.lr to choose another)")  # fmt: skip
 
 
 def begin(stage: Stage, split: Split) -> None:
@@ -204,6 +303,9 @@ def begin(stage: Stage, split: Split) -> None:
     --force, the parent's tokenizer and config, train/run.json, train/dropped.jsonl (the input records
     dropped, with reasons) and the metrics log."""
     cfg, name, out_dir, device = stage.cfg, stage.name, stage.out_dir, stage.device
+    if not stage.is_main:  # rank 0 writes the run directory; the others wait for it
+        _barrier(stage)
+        return
     if committed_checkpoints(out_dir / "train") and stage.force:
         moved = move_aside(out_dir / "train", out_dir)
         log(f"[{name}] the previous {out_dir / 'train'} was moved to {moved}")
@@ -231,22 +333,36 @@ def begin(stage: Stage, split: Split) -> None:
         log(
             f"[{name}] {split.contaminated} held-out items whose prompt the training data contains were dropped"
         )
-    announce_restart(stage)
-    stage.metrics = MetricsLog(stage.train_dir / "metrics.jsonl")
+    metrics = stage.train_dir / "metrics.jsonl"
+    if stage.resume_from is not None:
+        meta = read_meta(stage.resume_from, verify=False)
+        step = int(meta["step"])
+        moved = supersede_after_resume(metrics, step, meta.get("metrics_offset"), step >= cfg.optim.steps)
+        log(f"[{name}] resuming from {stage.resume_from} (step {step})"
+            + (f"; {moved} later records moved to metrics.superseded.jsonl" if moved else ""))  # fmt: skip
+    else:
+        announce_restart(stage)
+    stage.metrics = MetricsLog(metrics, append=stage.resume_from is not None)
+    _barrier(stage)
+
+
+def _barrier(stage: Stage) -> None:
+    if stage.ctx.distributed:
+        torch.distributed.barrier()
 
 
 def announce_restart(stage: Stage) -> None:
-    """Say plainly that an earlier, interrupted attempt is not resumed: post-training saves its weights
-    at the end only and starts over from step 0 (the earlier records move to metrics.jsonl.1)."""
+    """Say plainly that an earlier attempt stopped before its first checkpoint is not resumed: this one
+    starts over from step 0 (the earlier records move to metrics.jsonl.1)."""
     metrics = stage.train_dir / "metrics.jsonl"
     if not metrics.is_file() or committed_checkpoints(stage.train_dir):
         return
     steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
              if line.strip().startswith("{") and '"kind": "train"' in line]  # fmt: skip
     reached = f"after step {max(steps)}" if steps else "before its first logged step"
-    log(f"[{stage.name}] an earlier attempt in {stage.train_dir} stopped {reached} without a checkpoint. "
-        f"Post-training does not resume an interrupted run: this one starts over from step 0, and the "
-        f"earlier records move to {metrics.name}.1.")  # fmt: skip
+    log(f"[{stage.name}] an earlier attempt in {stage.train_dir} stopped {reached}, before its first "
+        f"checkpoint: this one starts over from step 0, and the earlier records move to {metrics.name}.1 "
+        f"(optim.checkpoint_every sets how often a stage saves).")  # fmt: skip
 
 
 def make_optimizer(stage: Stage, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
@@ -268,7 +384,7 @@ def optimizer_step(
 ) -> float:
     """Clip to optim.grad_clip by the global norm (the pretraining rule), step, zero; returns the norm."""
     params = [p for p in (params or list(stage.model.parameters())) if p.grad is not None]
-    norm = global_grad_norm(params, False)
+    norm = global_grad_norm(params, stage.sharded)
     clip = stage.cfg.optim.grad_clip
     if clip > 0 and bool(torch.isfinite(norm)):
         clip_grads_(params, norm, clip)
@@ -278,62 +394,41 @@ def optimizer_step(
     return float(norm)
 
 
-def log_record(stage: Stage, record: dict[str, Any]) -> None:
-    if stage.metrics is not None:
-        stage.metrics.write(record)
-
-
 def start_event(stage: Stage, steps: int, **extra: Any) -> None:
     params = sum(p.numel() for p in stage.model.parameters())
-    log_record(stage, {
+    if stage.resume_from is not None:
+        return  # the start event is in metrics.jsonl already, before the resume's checkpoint
+    stage.log_record({
         "kind": "event", "event": "start", "step": 0, "tokens": 0, "stage": stage.name, "steps": steps,
         "parent": stage.parent.record(), "params_total": params, "device": str(stage.device),
         "precision": stage.precision.name, "config_hash": hash_json(stage.cfg.to_dict()), **extra,
     })  # fmt: skip
 
 
-def timed(stage: Stage, work: Callable[[], Any], tokens: int) -> Any:
-    """Run one training step's work, adding its wall time and tokens to the stage's throughput."""
-    begin = time.perf_counter()
-    out = work()
-    if stage.device.type == "cuda":
-        torch.cuda.synchronize(stage.device)
-    stage.train_seconds += time.perf_counter() - begin
-    stage.tokens += tokens
-    return out
-
-
-def save(stage: Stage, step: int, extra: dict[str, Any] | None = None) -> Path:
-    """A weights-only committed checkpoint the next stage, `smelt eval` and `smelt export hf` read."""
-    meta = {
-        "model_config": stage.model_config(), "vocab_size": stage.tokenizer.vocab_size, "tokens": stage.tokens,
-        "tokenizer_hash": stage.tokenizer.hash, "weights_only": True, "stage": stage.name,
-        "config_hash": hash_json(stage.cfg.to_dict()), "parent": stage.parent.record(), **(extra or {}),
-    }  # fmt: skip
-    path = save_checkpoint(stage.train_dir / "checkpoints", step, stage.model, None, meta)
-    log_record(stage, {"kind": "event", "event": "checkpoint", "step": step, "tokens": stage.tokens,
-                       "path": str(path)})  # fmt: skip
-    return path
-
-
-def finish(stage: Stage, step: int, summary: dict[str, Any]) -> dict[str, Any]:
-    """Save the final checkpoint, write RUN/summary.json and the end event; returns the summary."""
-    checkpoint = save(stage, step)
+def finish(stage: Stage, loop: Any, step: int, summary: dict[str, Any]) -> dict[str, Any]:
+    """Save the final checkpoint (kept when a resume found it written), write RUN/summary.json and the end
+    event; returns the summary."""
+    try:
+        checkpoint = checkpoint_at_step(loop.checkpoints_dir, step)
+    except UserError:
+        checkpoint = loop.save(step)
     out = {
         "stage": stage.name, "run_dir": str(stage.out_dir), "checkpoint": str(checkpoint),
         "parent": str(stage.parent.checkpoint), "steps": step, "tokens": stage.tokens,
         "tokens_per_s": round(stage.tokens_per_s(), 1), "train_time_s": round(stage.train_seconds, 2),
-        "wall_time_s": round(time.time() - stage.started, 2), **summary,
+        "wall_time_s": round(time.time() - stage.started, 2), "world_size": stage.world_size,
+        "resumed_from_step": loop.start_step or None, **summary,
     }  # fmt: skip
-    write_json(stage.out_dir / "summary.json", out)
-    log_record(stage, {"kind": "event", "event": "end", "step": step, "tokens": stage.tokens,
-                       "wall_time_s": out["wall_time_s"]})  # fmt: skip
+    stage.log_record({"kind": "event", "event": "end", "step": step, "tokens": stage.tokens,
+                      "wall_time_s": out["wall_time_s"]})  # fmt: skip
     if stage.metrics is not None:
         stage.metrics.close()
-    from smelt.posttrain.report import write_report
+    if stage.is_main:
+        from smelt.posttrain.report import write_report
 
-    out["report"] = str(write_report(stage.out_dir))
-    write_json(stage.out_dir / "summary.json", out)
+        write_json(stage.out_dir / "summary.json", out)
+        out["report"] = str(write_report(stage.out_dir))
+        write_json(stage.out_dir / "summary.json", out)
     return out
 
 
