@@ -27,7 +27,7 @@ def test_unknown_key_and_out_of_range_value_name_the_key(tmp_path):
     path.write_text('stage = "dpo"\n[optim]\nlr = 1e-3\nstep = 5\n')
     with pytest.raises(ConfigError, match=r"unknown key optim.step \(did you mean 'steps'\?\)"):
         load_posttrain_config(path)
-    with pytest.raises(ConfigError, match=r"grpo.group_size = 1 is out of range; it must lie in \[2, 4096\]"):
+    with pytest.raises(ConfigError, match=r"grpo.group_size = 1 is out of range; it must lie in \[2, 4,096\]"):
         load_posttrain_config(None, ["grpo.group_size=1"])
     with pytest.raises(ConfigError, match=r"dpo.loss = 'ipo' is not one of 'dpo', 'simpo'"):
         load_posttrain_config(None, ["dpo.loss=ipo"])

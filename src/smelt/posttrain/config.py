@@ -1,5 +1,5 @@
-"""The post-training config: one TOML file per stage (configs/posttrain/*.toml), typed and validated
-like the pipeline config, with `--set section.key=value` overrides.
+"""The post-training config: one TOML file per stage (configs/posttrain/*.toml), read, typed and validated
+by the pipeline config's engine (config/engine.py), with `--set section.key=value` overrides.
 
     stage = "sft"            # sft, dpo or grpo
     [run]   init_from (the parent checkpoint: RUN, RUN:STEP or a step directory), out, seed, device
@@ -13,17 +13,14 @@ like the pipeline config, with `--set section.key=value` overrides.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomllib
 
-from smelt.config import apply_override
-from smelt.config.env import expand_env
+from smelt.config.engine import apply_override, build, read_toml
 from smelt.config.fields import option
 from smelt.errors import ConfigError
 
@@ -127,15 +124,7 @@ def load_posttrain_config(
     origin = "<defaults>"
     if path is not None:
         path, origin = Path(path), str(path)
-        if not path.is_file():
-            raise ConfigError(
-                f"post-training config {origin!r} does not exist; pass a TOML file such as "
-                f"configs/posttrain/sft_gsm8k.toml."
-            )
-        try:
-            raw = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"post-training config {origin!r} is not valid TOML: {exc}.") from exc
+        raw = read_toml(path, "Pass a post-training TOML file such as configs/posttrain/sft_gsm8k.toml.")
     if "stage" not in raw and any(key in raw for key in ("model", "train", "tokenizer", "tokens")):
         raise ConfigError(
             f"{origin} is a pipeline config (it has [model] or [train]); run it with `smelt run`. A "
@@ -148,52 +137,8 @@ def load_posttrain_config(
             raw[key.strip()] = tomllib.loads(f"v = {text}")["v"] if text[:1] in "\"'" else text
         else:
             apply_override(raw, item)
-    return build_section(PostTrainConfig, raw, "", origin)
+    return build(PostTrainConfig, raw, "", origin)
 
 
 def config_from_dict(raw: dict[str, Any]) -> PostTrainConfig:
-    return build_section(PostTrainConfig, json.loads(json.dumps(raw)), "", "<dict>")
-
-
-def build_section(cls: type, raw: Any, prefix: str, origin: str) -> Any:
-    where = prefix.rstrip(".") or "the top level"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{origin}: {where} must be a table, got {type(raw).__name__}.")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = {}
-    for key, value in raw.items():
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.5)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(
-                f"{origin}: unknown key {prefix}{key}{hint}. Valid keys in {where}: {', '.join(fields)}."
-            )
-        values[key] = _value(hints[key], value, f"{prefix}{key}", fields[key].metadata, origin)
-    return cls(**values)
-
-
-def _value(tp: Any, value: Any, key: str, meta: Any, origin: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        return build_section(tp, value, key + ".", origin)
-    ok = {
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
-        str: isinstance(value, str),
-    }[tp]
-    if not ok:
-        raise ConfigError(
-            f"{origin}: {key} must be {'a number' if tp in (int, float) else tp.__name__}, got {value!r}. "
-            f"Fix the value in the config or the --set override."
-        )
-    value = float(value) if tp is float else value
-    value = expand_env(value, key, origin) if tp is str else value
-    lo_hi, choices = meta.get("range"), meta.get("choices")
-    if lo_hi is not None and not lo_hi[0] <= value <= lo_hi[1]:
-        raise ConfigError(
-            f"{origin}: {key} = {value!r} is out of range; it must lie in [{lo_hi[0]}, {lo_hi[1]}]."
-        )
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{origin}: {key} = {value!r} is not one of {', '.join(map(repr, choices))}.")
-    return value
+    return build(PostTrainConfig, json.loads(json.dumps(raw)), "", "<dict>")
