@@ -63,6 +63,9 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
             "grad_alert_factor",
             "threads",
             "straggler_ratio",
+            # The pre-registered trajectory and its alert only compare and log (train/trajectory.py).
+            "expect",
+            "expect_tolerance_tokens",
             "keep_host_memory",
             # Compiled kernels round differently from eager ones (as other thread counts may), but the
             # plan (data order, schedule, model) is the same, so switching it stops nothing.

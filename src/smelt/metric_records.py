@@ -3,7 +3,9 @@ scores, and one line for an event. The trainer's live sinks and the reports read
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 _EVENT_BOOKKEEPING = {"kind", "step", "tokens", "event"}
@@ -72,3 +74,20 @@ def describe_event(record: dict[str, Any]) -> str:
             continue
         fields.append(f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}")
     return f"{event}: " + ", ".join(fields[:8])
+
+
+def validations(path: Path) -> list[tuple[int, float, float]]:
+    """(step, tokens, validation loss) of each validation a metrics.jsonl holds (in-loop task scores
+    left out), in file order; a line cut by a crash is skipped, a missing file has none."""
+    out = []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and r.get("kind") == "eval" and not r.get("inloop"):
+            step, tokens, loss = r.get("step"), r.get("tokens"), r.get("val_loss")
+            if finite(step) and finite(tokens) and finite(loss):
+                out.append((int(step), float(tokens), float(loss)))
+    return out

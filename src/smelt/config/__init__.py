@@ -363,6 +363,14 @@ class TrainConfig:
         help="straggler alert: a rank's own time per step (p50 over a log window) above this x the median "
         "rank's (0: off)",
     )  # fmt: skip
+    expect: str = option(
+        "", help="a fit.json from `smelt scaling fit --target`: its predicted loss curve is stored in the run's "
+        "manifest, and an alert fires when validation leaves its band (empty: off; docs/observability.md)",
+    )  # fmt: skip
+    expect_tolerance_tokens: int = option(
+        0, range=(0, 10**15), help="alert when the smoothed validation loss stays outside the expected band "
+        "this many tokens (0: 5% of train.tokens)",
+    )  # fmt: skip
 
 
 @dataclass

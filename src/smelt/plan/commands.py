@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +131,9 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--compute", type=number, action="append", help="report N*(C), D*(C) here (repeatable)")
     p.add_argument("--predict", type=number_pair, action="append", metavar="N,D", help="predict a run's loss")
     p.add_argument("--params", choices=("non-embedding", "total"), default="non-embedding", help="N of runs")
+    p.add_argument("--target", metavar="N,D|CONFIG", help="predicted loss curve of this run (N,D or a pipeline "
+                   "config's model and train.tokens; fit on every evaluation of the runs; for train.expect)")  # fmt: skip
+    p.add_argument("--min-fraction", type=float, default=0.2, help="with --target: evaluations from here on")
     for col in ("n", "d", "c", "loss", "group"):
         p.add_argument(
             f"--{col}-column", help=f"CSV column holding {col.upper() if col != 'loss' else 'loss'}"
@@ -245,16 +247,8 @@ def _model_shape(args: argparse.Namespace) -> tuple[Any, int]:
 def _memory(args: argparse.Namespace) -> int:
     from smelt.plan.budget import GPUS
     from smelt.plan.layout_keys import print_train_keys
-    from smelt.plan.memory import (
-        GB,
-        Cluster,
-        Layout,
-        alternatives_table,
-        memory,
-        memory_rows,
-        model_state_bytes,
-        recommend,
-    )
+    from smelt.plan.memory import GB, Cluster, Layout, memory, model_state_bytes, recommend
+    from smelt.plan.memory_table import alternatives_table, memory_rows
 
     shape, default_seq = _model_shape(args)
     seq_len = args.seq_len or default_seq
@@ -365,18 +359,14 @@ def _batch(args: argparse.Namespace) -> int:
 def _scaling_fit(args: argparse.Namespace) -> int:
     from smelt.plan.points import read_points
     from smelt.plan.scaling import report_text, scaling_fit
+    from smelt.plan.trajectory import target_curves
 
     if args.bootstrap < 0:
         raise UserError(f"--bootstrap must be >= 0, got {args.bootstrap}.")
-    points = read_points(
-        [Path(p) for p in args.inputs],
-        params=args.params.replace("-", "_"),
-        n_column=args.n_column,
-        d_column=args.d_column,
-        c_column=args.c_column,
-        loss_column=args.loss_column,
-        group_column=args.group_column,
-    )
+    columns = {f"{c}_column": getattr(args, f"{c}_column") for c in ("n", "d", "c", "loss", "group")}
+    params = args.params.replace("-", "_")
+    curves = target_curves(args) if args.target else None  # every evaluation of the runs
+    points = curves.points if curves else read_points([Path(p) for p in args.inputs], params, **columns)
     points = points.drop_highest(args.drop_highest)
     if args.out:
         out = Path(args.out)
@@ -394,6 +384,8 @@ def _scaling_fit(args: argparse.Namespace) -> int:
         min_sizes=args.min_sizes,
         computes=args.compute,
         predictions=args.predict,
+        curves=curves,
+        target=curves.target if curves else None,
     )
     print(report_text(report))
     return 0
@@ -404,7 +396,7 @@ def _ladder(args: argparse.Namespace) -> int:
     from smelt.plan import ladder as L
 
     cfg = load_config(args.config, args.overrides)
-    vocab = _ladder_vocab(cfg)
+    vocab = L.ladder_vocab(cfg)
     batch = cfg.train.batch_tokens or cfg.train.seq_len * cfg.train.micro_batch
     if args.isoflop:
         if not args.computes:
@@ -453,7 +445,7 @@ def _ladder(args: argparse.Namespace) -> int:
 
         results = L.run_ladder(cfg, rungs, run_stage, force=args.force)
         warnings = L.ladder_warnings(rungs, L.available_train_tokens(cfg), args.isoflop)
-        _print_ladder_results(results)
+        print(L.results_table(results))
         L.write_plan(cfg, rungs, {"config": str(args.config), "overrides": list(args.overrides),
                                   "vocab_size": vocab, "results": results})  # fmt: skip
         if len(results) >= 5:
@@ -475,26 +467,3 @@ def _ladder(args: argparse.Namespace) -> int:
         print(f"\nwarning: {warning}")
     print(f"\nwritten: {plan_path}")
     return 0
-
-
-def _ladder_vocab(cfg: Any) -> int:
-    path = cfg.run_dir / "tokenizer" / "smelt.json"
-    if path.is_file():
-        try:
-            return int(json.loads(path.read_text())["vocab_size"])
-        except (json.JSONDecodeError, KeyError, ValueError):
-            pass
-    pad = cfg.tokenizer.pad_to_multiple
-    return int(math.ceil(cfg.tokenizer.vocab_size / pad) * pad)
-
-
-def _print_ladder_results(results: list[dict[str, Any]]) -> None:
-    header = f"{'rung':<24} {'params':>9} {'tokens':>11} {'val loss':>9} {'train loss':>10} {'time':>7}"
-    print("\n" + header + "\n" + "-" * len(header))
-    for r in results:
-        val = f"{r['final_val_loss']:.4f}" if r["final_val_loss"] is not None else "-"
-        time_s = "cached" if r["skipped"] else f"{r['wall_time_s']:.0f}s"
-        print(
-            f"{r['rung']:<24} {r['params'] or 0:>9,} {r['tokens'] or 0:>11,} {val:>9} "
-            f"{r['final_train_loss']:>10.4f} {time_s:>7}"
-        )

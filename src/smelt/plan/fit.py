@@ -303,17 +303,24 @@ def bootstrap(
     samples: int = 200,
     seed: int = 0,
     delta: float = HUBER_DELTA,
+    groups: np.ndarray | None = None,
 ) -> LawFit:
     """Percentile 95% intervals from `samples` resamples of the points (with replacement).
 
     Each resample is refit from the full fit's distinct best endpoints (not the 4,500-point grid: the
-    resamples move the optimum a little, not to another basin), all resamples in one batch.
+    resamples move the optimum a little, not to another basin), all resamples in one batch. `groups`
+    (one integer per point, 0..G-1) resamples whole groups instead: the evaluations of one run are not
+    independent points, so a trajectory fit draws runs.
     """
     if samples < 2:
         return fit
     n, d, loss = (np.asarray(v, dtype=np.float64) for v in (n, d, loss))
     rng = np.random.default_rng(seed)
-    counts = rng.multinomial(n.size, np.full(n.size, 1.0 / n.size), size=samples).astype(np.float64)
+    if groups is None:
+        counts = rng.multinomial(n.size, np.full(n.size, 1.0 / n.size), size=samples).astype(np.float64)
+    else:
+        size = int(groups.max()) + 1
+        counts = rng.multinomial(size, np.full(size, 1.0 / size), size=samples).astype(np.float64)[:, groups]
     starts = fit.endpoints
     per = starts.shape[0]
     x0 = np.tile(starts, (samples, 1))

@@ -189,6 +189,8 @@ def rung_config(cfg: Config, rung: Rung) -> Config:
     warmup = cfg.train.warmup_tokens
     if warmup:  # keep the base run's warmup share of the schedule
         warmup = int(round(warmup / cfg.train.tokens * rung.tokens))
+    # ... and its number of validations, so every rung logs a curve (`smelt scaling fit --target`)
+    every = cfg.train.eval_every and max(1, round(cfg.train.eval_every * rung.tokens / cfg.train.tokens))
     model = dataclasses.replace(
         cfg.model,
         preset="",
@@ -198,7 +200,7 @@ def rung_config(cfg: Config, rung: Rung) -> Config:
         n_kv_heads=rung.n_kv_heads,
         d_ff=0,
     )
-    train = dataclasses.replace(cfg.train, tokens=rung.tokens, warmup_tokens=warmup)
+    train = dataclasses.replace(cfg.train, tokens=rung.tokens, warmup_tokens=warmup, eval_every=every)
     run = dataclasses.replace(cfg.run, dir=str(ladder_dir(cfg)), name=rung.name)
     return dataclasses.replace(cfg, model=model, train=train, run=run)
 
@@ -262,7 +264,12 @@ def train_commands(
         rcfg = rung_config(cfg, rung)
         sets = [*overrides, f"run.dir={json.dumps(rcfg.run.dir)}", f"run.name={json.dumps(rung.name)}"]
         sets += [f"{k}={v}" for k, v in rung.overrides().items()]
-        sets += [f"train.warmup_tokens={rcfg.train.warmup_tokens}", 'model.preset=""']
+        tc = rcfg.train
+        sets += [
+            f"train.warmup_tokens={tc.warmup_tokens}",
+            f"train.eval_every={tc.eval_every}",
+            'model.preset=""',
+        ]
         sets += batch_for_ranks(rcfg, gpus_per_run)
         args = " ".join(f"--set {shlex.quote(s)}" for s in sets)
         lines.append(f"{command} train {shlex.quote(config_path)} {args}")
@@ -431,3 +438,29 @@ def write_plan(cfg: Config, rungs: list[Rung], extra: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {"base_run": str(cfg.run_dir), "rungs": [dataclasses.asdict(r) for r in rungs], **extra})
     return path
+
+
+def results_table(results: list[dict[str, Any]]) -> str:
+    """The table `smelt ladder --run` prints: each rung's size, tokens, losses and time."""
+    header = f"{'rung':<24} {'params':>9} {'tokens':>11} {'val loss':>9} {'train loss':>10} {'time':>7}"
+    lines = ["", header, "-" * len(header)]
+    for r in results:
+        val = f"{r['final_val_loss']:.4f}" if r["final_val_loss"] is not None else "-"
+        time_s = "cached" if r["skipped"] else f"{r['wall_time_s']:.0f}s"
+        lines.append(
+            f"{r['rung']:<24} {r['params'] or 0:>9,} {r['tokens'] or 0:>11,} {val:>9} "
+            f"{r['final_train_loss']:>10.4f} {time_s:>7}"
+        )
+    return "\n".join(lines)
+
+
+def ladder_vocab(cfg: Config) -> int:
+    """The vocabulary of the base run: its trained tokenizer's, else the config's padded size."""
+    path = cfg.run_dir / "tokenizer" / "smelt.json"
+    if path.is_file():
+        try:
+            return int(json.loads(path.read_text())["vocab_size"])
+        except (json.JSONDecodeError, KeyError, ValueError):
+            pass
+    pad = cfg.tokenizer.pad_to_multiple
+    return int(math.ceil(cfg.tokenizer.vocab_size / pad) * pad)

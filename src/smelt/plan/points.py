@@ -166,8 +166,8 @@ def run_point(run_dir: Path, params: str = "non_embedding") -> tuple[float, floa
     return float(result[key]), float(result["tokens"]), float(loss)
 
 
-def read_runs(paths: list[Path], params: str = "non_embedding") -> Points:
-    """Points from run directories, or from directories holding runs (a ladder, a sweep)."""
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The run directories named, or held by the directories named (a ladder's current rungs, a sweep)."""
     runs: list[Path] = []
     for path in paths:
         path = Path(path)
@@ -182,8 +182,20 @@ def read_runs(paths: list[Path], params: str = "non_embedding") -> Points:
             runs += [path / rung["name"] for rung in plan.get("rungs", [])]
         else:
             runs += sorted(p.parent for p in path.glob("*/train") if p.is_dir())
+    return runs
+
+
+def no_runs_error(paths: list[Path]) -> UserError:
+    return UserError(
+        f"no finished smelt runs under {', '.join(map(str, paths))} (a run has train/manifest.json "
+        f"with a final loss). Train them first (`smelt ladder ... --run`), or pass a CSV file."
+    )
+
+
+def read_runs(paths: list[Path], params: str = "non_embedding") -> Points:
+    """Points from run directories, or from directories holding runs (a ladder, a sweep)."""
     n, d, loss, labels, skipped = [], [], [], [], []
-    for run in runs:
+    for run in find_runs(paths):
         point = run_point(run, params)
         if point is None:
             skipped.append(run.name)
@@ -193,10 +205,7 @@ def read_runs(paths: list[Path], params: str = "non_embedding") -> Points:
         loss.append(point[2])
         labels.append(run.name)
     if not n:
-        raise UserError(
-            f"no finished smelt runs under {', '.join(map(str, paths))} (a run has train/manifest.json "
-            f"with a final loss). Train them first (`smelt ladder ... --run`), or pass a CSV file."
-        )
+        raise no_runs_error(paths)
     notes = [f"N = {params.replace('_', '-')} parameters; loss = final validation loss"]
     if skipped:
         notes.append(f"skipped unfinished runs: {', '.join(skipped)}")

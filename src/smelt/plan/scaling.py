@@ -19,6 +19,7 @@ from smelt.plan.fit import LawFit, bootstrap, fit_law
 from smelt.plan.isoflop import IsoFlopFit, fit_isoflop
 from smelt.plan.plots import fit_svg, isoflop_svg
 from smelt.plan.points import Points
+from smelt.plan.trajectory import CurvePoints, fit_curves, predict_trajectory, trajectory_text
 
 
 @dataclass
@@ -30,6 +31,7 @@ class ScalingReport:
     predictions: list[tuple[float, float]]
     paths: dict[str, Path] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    trajectory: dict[str, Any] | None = None  # the target run's predicted curve (plan/trajectory.py)
 
     def optimal_rows(self) -> list[dict[str, float | None]]:
         rows = []
@@ -81,6 +83,8 @@ class ScalingReport:
             out.update(self.fit.to_dict())
         if self.isoflop is not None:
             out["isoflop"] = self.isoflop.to_dict()
+        if self.trajectory is not None:
+            out["trajectory"] = self.trajectory
         return out
 
 
@@ -105,8 +109,12 @@ def scaling_fit(
     min_sizes: int = 3,
     computes: list[float] | None = None,
     predictions: list[tuple[float, float]] | None = None,
+    curves: CurvePoints | None = None,
+    target: tuple[float, float] | None = None,
 ) -> ScalingReport:
-    """Approach 3 (and Approach 2 when `isoflop`), written under out_dir."""
+    """Approach 3 (and Approach 2 when `isoflop`), written under out_dir. With `curves` (every evaluation
+    of the runs, whose bootstrap then resamples runs) and a `target` (N, D), also the target run's
+    predicted loss curve."""
     warnings = []
     ratios = points.d / points.n
     if ratios.max() / ratios.min() < 1.5:
@@ -115,8 +123,12 @@ def scaling_fit(
             "apart: A, B, alpha and beta are not identified separately (only their sum along this ratio "
             "is). Add runs at other token budgets (smelt ladder --token-multipliers) or an IsoFLOP grid."
         )
-    fit = fit_law(points.n, points.d, points.loss)
-    fit = bootstrap(fit, points.n, points.d, points.loss, samples=bootstrap_samples, seed=seed)
+    if curves is not None:  # every evaluation: the law and the schedule's offset (plan/trajectory.py)
+        fit, offset = fit_curves(curves)
+        losses, groups = points.loss * np.exp(-offset), curves.run  # a bootstrap resamples runs
+    else:
+        fit, losses, groups = fit_law(points.n, points.d, points.loss), points.loss, None
+    fit = bootstrap(fit, points.n, points.d, losses, samples=bootstrap_samples, seed=seed, groups=groups)
     floor = fit.law.E
     if floor < 0.05 * float(points.loss.min()):
         warnings.append(
@@ -128,6 +140,9 @@ def scaling_fit(
         top = float(points.compute.max())
         computes = [top, 10 * top, 100 * top]
     report = ScalingReport(points, fit, iso, computes, predictions or [], warnings=warnings)
+    if curves is not None and target is not None:
+        report.trajectory = predict_trajectory(fit, curves, target)
+        warnings.extend(report.trajectory["warnings"])
     out_dir.mkdir(parents=True, exist_ok=True)
     report.paths["fit_svg"] = out_dir / "fit.svg"
     report.paths["fit_svg"].write_text(fit_svg(points, fit.law))
@@ -212,6 +227,8 @@ def report_text(report: ScalingReport) -> str:
             lines.append(
                 f"  N {n:.3g}, D {d:.3g} ({d / n:.1f} tokens/param): loss {row['loss']:.4f}{interval}"
             )
+    if report.trajectory is not None:
+        lines += trajectory_text(report.trajectory)
     for warning in report.warnings:
         lines.append(f"\nwarning: {warning}")
     lines += ["", "written:"] + [f"  {name:<12} {path}" for name, path in report.paths.items()]

@@ -12,11 +12,13 @@ from smelt.report import data_sections, eval_sections, lineage, moe_section, tra
 from smelt.report.decisions import decisions_for
 from smelt.report.page import missing, note, page, section, table
 from smelt.report.run import Run, final_metrics, load_run
+from smelt.report.trajectory_section import trajectory_section
 
 # (anchor, title, builder): the order of the page, after the summary and before the decisions: what
 # people look at first (curves) comes first, provenance last. Tests check that every anchor is present.
 SECTIONS: list[tuple[str, str, Callable[[Run], str]]] = [
     ("loss", "Loss", train_sections.loss_section),
+    ("trajectory", "Expected trajectory", trajectory_section),  # train.expect's curve and band
     ("lr", "Learning rate", train_sections.lr_section),
     ("gradients", "Gradients", train_sections.gradients_section),
     ("throughput", "Throughput and MFU", train_sections.throughput_section),

@@ -16,6 +16,7 @@ from smelt.progress import log, progress
 from smelt.train.goodput import StepMarker, run_goodput, say_interval_hint
 from smelt.train.precision import peak_source
 from smelt.train.setup import last_logged_loss, write_run_manifest
+from smelt.train.trajectory import Expectation
 from smelt.train.watchdog import Watchdog
 
 
@@ -24,6 +25,7 @@ def announce(t: Any) -> None:
     the progress bar and the watchdog."""
     ctx, tc, plan, schedule = t.ctx, t.tc, t.plan, t.schedule
     resume_from, start_step, parent = t.resume_from, t.start_step, t.parent
+    t.expect = Expectation.load(t)  # train.expect: a bad fit file stops here, before any record
     start_tokens = plan.tokens_at(start_step)
     # How far the process this one resumes from got (goodput's redone steps), before this one's marker.
     reached = StepMarker.read(t.out_dir) if resume_from is not None and ctx.is_main else None
@@ -51,8 +53,9 @@ def announce(t: Any) -> None:
     if ctx.is_main:
         write_run_manifest(
             t.out_dir, t.cfg, t.identity, resume_from, start_step, t.world_size, t.device,
-            t.precision.name,
+            t.precision.name, t.expect.manifest(),
         )  # fmt: skip
+        t.expect.announce(t.metrics, start_step, start_tokens)
     for warning in t.resume_warnings:
         note(t, "alert", start_step, f"warning: {warning}", {
             "alert": "damaged_checkpoint", "action": "fallback" if resume_from else "start_over",

@@ -164,9 +164,11 @@ def write_run_manifest(
     world_size: int,
     device: torch.device,
     precision: str,
+    expected: dict[str, Any] | None = None,
 ) -> None:
-    """out_dir/run.json: what this run is (config, data, tokenizer, code, environment, devices, seeds);
-    every resume appends where and how it continued."""
+    """out_dir/run.json: what this run is (config, data, tokenizer, code, environment, devices, seeds,
+    the pre-registered loss trajectory of train.expect); every resume appends where and how it
+    continued (and a trajectory first registered at a resume, or another one)."""
     import platform
 
     from smelt.manifest import code_version, library_versions
@@ -182,6 +184,8 @@ def write_run_manifest(
     path = out_dir / "run.json"
     if resume_from is not None and path.is_file():
         manifest = json.loads(path.read_text())
+        if expected is not None and manifest.get("expected_trajectory") != expected:
+            launch["expected_trajectory"] = expected
         manifest.setdefault("resumes", []).append(launch)
     else:
         config = cfg.to_dict()
@@ -189,7 +193,7 @@ def write_run_manifest(
             "config": config, "config_hash": hash_json(config), **identity,
             "libraries": library_versions(),
             "seeds": {"run": cfg.run.seed, "rank_train": [rank_seed(cfg.run.seed, r, "train") for r in range(world_size)]},
-            "launch": launch,
+            "launch": launch, **({"expected_trajectory": expected} if expected is not None else {}),
         }  # fmt: skip
     write_json(path, manifest)
 

@@ -432,7 +432,7 @@ class Trainer:
         self.val_record.update(result.fields())
         self.metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, **result.fields(),
                             "eval_share": budget.share_of(train_s)})  # fmt: skip
-        return result.loss
+        return self.expect.observed(self.metrics, step, tokens_now, result.loss)  # train.expect's alert
 
     def evaluate_inloop(self, step: int, tokens: int) -> None:
         # FSDP gathers shards in every forward, so all ranks score; otherwise rank 0 alone. At the
