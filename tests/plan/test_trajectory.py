@@ -7,8 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from smelt.config import config_from_dict, load_config
+from smelt.model.flops import count_params
 from smelt.plan.fit import bootstrap
-from smelt.plan.trajectory import fit_curves, predict_trajectory, read_curves
+from smelt.plan.ladder import Rung, rung_config
+from smelt.plan.trajectory import fit_curves, parse_target, predict_trajectory, read_curves
 
 TRUE = {"E": 1.8, "A": 60.0, "alpha": 0.34, "B": 300.0, "beta": 0.4}
 
@@ -108,14 +111,9 @@ def test_target_user_errors(tmp_path, cli, capsys, extra, needle):
 
 
 def test_target_from_a_pipeline_config(tmp_path):
-    from smelt.model.flops import count_params
-    from smelt.plan.trajectory import parse_target
-
     config = tmp_path / "run.toml"
     config.write_text("[tokenizer]\nvocab_size = 384\n[model]\nd_model = 64\nn_layers = 2\nn_heads = 4\n"
                       "max_seq_len = 64\n[train]\nseq_len = 64\ntokens = 400_000\n")  # fmt: skip
-    from smelt.config import load_config
-
     params = count_params(load_config(config).model, 384)
     assert parse_target(str(config)) == (params["non_embedding"], 400_000)
     assert parse_target(str(config), "total") == (params["total"], 400_000)
@@ -128,3 +126,21 @@ def test_target_needs_run_directories_not_a_csv(tmp_path, cli, capsys):
     assert cli(["scaling", "fit", str(csv), "--target", "3e5,2e6"]) == 2
     err = capsys.readouterr().err
     assert "--target predicts a run's loss curve" in err and "points.csv" in err and "ladder directory" in err
+
+
+def test_final_losses_alone_say_the_curve_has_no_schedule_shape(tmp_path):
+    for i, n in enumerate((1e4, 3e4, 1e5)):
+        for j, total in enumerate((2e5, 8e5)):
+            write_run(tmp_path, f"r{i}{j}", n, total, evals=1)
+    curves = read_curves([tmp_path])
+    fit, _ = fit_curves(curves)
+    curve = predict_trajectory(fit, curves, (3e5, 2.4e6))
+    assert any("logged (almost) no validations before their end" in w for w in curve["warnings"])
+
+
+def test_each_rung_keeps_the_base_runs_number_of_validations():
+    base = config_from_dict({"train": {"tokens": 400_000, "eval_every": 40}})
+    rung = Rung("r00", 16, 1, 1, 1, 4144, 17_408)
+    assert rung_config(base, rung).train.eval_every == 2  # 40 x 17,408 / 400,000, rounded
+    off = config_from_dict({"train": {"tokens": 400_000, "eval_every": 0}})
+    assert rung_config(off, rung).train.eval_every == 0  # validation at the end only, as the base

@@ -170,6 +170,12 @@ def predict_trajectory(fit: LawFit, curves: CurvePoints, target: tuple[float, fl
             f"the target (N {size:.3g}, D {total:.3g}) is more than 10x past the largest proxy (N "
             f"{p.n.max():.3g}, D {p.d.max():.3g}): the band is an extrapolation; add larger rungs."
         )
+    if (curves.fraction < 0.999).sum() < MIN_NEIGHBOURS:
+        warnings.append(
+            "the runs logged (almost) no validations before their end, so the curve's shape is the law's "
+            "alone, without the schedule's offset. Set train.eval_every in the ladder's config (each rung "
+            "gets the same number of validations) and train.eval_budget = 0, then train the ladder again."
+        )
     return {
         "target": {"params": size, "tokens": total, "params_kind": curves.params},
         "min_fraction": min_fraction,
