@@ -144,3 +144,20 @@ def test_smelt_train_with_a_bad_fit_file_exits_2_naming_the_key(tmp_path, monkey
     assert main(["train", "c.toml", "--set", 'train.expect="fit.json"']) == 2
     err = capsys.readouterr().err
     assert "predicts a run of 1,000 non-embedding parameters" in err and "this run has 16,480 on 1,280" in err
+
+
+def test_run_json_keeps_the_curve_registered_first(tmp_path):
+    """A fresh run stores the curve; a resume under another curve records that one in its launch entry
+    and keeps the first, which is the one that was pre-registered."""
+    import torch
+
+    from smelt.train.setup import write_run_manifest
+
+    cfg, cpu = config_from_dict({}), torch.device("cpu")
+    first, other = {"file": "a.json", "loss": [3.0]}, {"file": "b.json", "loss": [2.0]}
+    write_run_manifest(tmp_path, cfg, {}, None, 0, 1, cpu, "fp32", first)
+    write_run_manifest(tmp_path, cfg, {}, tmp_path / "step_1", 1, 1, cpu, "fp32", first)
+    write_run_manifest(tmp_path, cfg, {}, tmp_path / "step_2", 2, 1, cpu, "fp32", other)
+    manifest = json.loads((tmp_path / "run.json").read_text())
+    assert manifest["expected_trajectory"] == first
+    assert [r.get("expected_trajectory") for r in manifest["resumes"]] == [None, other]
