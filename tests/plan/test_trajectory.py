@@ -102,6 +102,7 @@ def test_cli_writes_the_trajectory_into_fit_json(tmp_path, cli, capsys):
         (["--drop-highest", "2"], "leave --drop-highest out"),
         (["--min-fraction", "1.5"], "--min-fraction must be in [0, 1)"),
         (["--target", "big"], "--target 'big' is neither N,D (parameters and tokens"),
+        (["--isoflop"], "fit the IsoFLOP profiles in a run without --target"),
     ],
 )
 def test_target_user_errors(tmp_path, cli, capsys, extra, needle):

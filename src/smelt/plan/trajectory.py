@@ -222,6 +222,11 @@ def target_curves(args: Any) -> CurvePoints:
             f"--target predicts a run's loss curve from the validations that smelt runs log, so it needs run "
             f"or ladder directories, not {', '.join(files)}. Pass the ladder directory (RUN/ladder)."
         )
+    if args.isoflop:
+        raise UserError(
+            "--isoflop groups runs by their compute, but with --target every evaluation of a run is a point; "
+            "fit the IsoFLOP profiles in a run without --target."
+        )
     if args.drop_highest:
         raise UserError(
             "--drop-highest drops single points, but with --target every evaluation of a run is a point; "
