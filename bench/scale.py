@@ -6,7 +6,8 @@ Usage: python bench/scale.py [--vocab 20480] [--d-model 1024] [--layers 8]
 
 The model (untied, 132M parameters at the defaults: 1.58 GB of fp32 weights and Adam moments) is built
 by tests/train/sharded_init_worker.py under `torchrun --nproc_per_node 2` on gloo, once each way; the
-figure is the growth of each rank's peak RSS (ru_maxrss) across the build. Writes bench/results/scale.json.
+figure is the growth of each rank's peak RSS (ru_maxrss) across the build. Writes bench/results/scale.json,
+keeping the "plan_vs_measured" figures that bench/parallel.py --plan-vs-measured put there.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import REPO, smelt_env, write_result
+from common import REPO, RESULTS, smelt_env, write_result
 
 from smelt.config import ModelConfig
 from smelt.model.flops import count_params
@@ -58,6 +59,10 @@ def main() -> int:
             figures[f"{mode}_wall_s"] = round(time.perf_counter() - started, 1)
     whole, sharded = (max(figures[f"{m}_build_rss_growth_mb_per_rank"]) for m in ("whole", "sharded"))  # type: ignore[type-var]
     figures["sharded_over_whole_growth"] = round(sharded / whole, 3)
+    # bench/parallel.py --plan-vs-measured writes its figures into the same file: keep them
+    previous = RESULTS / "scale.json"
+    if previous.is_file() and "plan_vs_measured" in (kept := json.loads(previous.read_text())):
+        figures["plan_vs_measured"] = kept["plan_vs_measured"]
     write_result("scale", figures)
     return 0
 

@@ -4,6 +4,12 @@ The model (per GPU, decimal GB):
 - model state, mixed precision with Adam: bf16 weights 2 N, bf16 gradients 2 N, fp32 master weights and
   two moments 12 N (16 N in all); each divided by TP x PP for the layers a GPU holds, then by DP for the
   parts ZeRO shards (stage 1: optimizer state, 2: + gradients, 3 / FSDP: + weights);
+- gradients that ZeRO 2 and 3 shard are whole while micro batches accumulate: smelt's FSDP2 synchronises
+  on the last micro batch of a step only (train/distributed.py's grad_sync), so the others add into the
+  unsharded gradients, which are reduce-scattered at the end; with one micro batch they stay sharded;
+- under ZeRO 3, what FSDP2 gathers: the root unit of the stage (embedding, final norm, head: gathered
+  for the forward and kept until the backward is done) and three blocks' weights (the block computing,
+  the prefetched next one, and the reduce-scatter's copy of a block's gradients);
 - activations per layer and micro batch (Korthikanti et al. 2022, with sequence parallelism when TP > 1):
   s b h (34 + 5 a s / h) / t bytes without recompute, s b h 34 / t with selective recompute (the
   attention scores are recomputed, as FlashAttention does anyway), 2 s b h / t with full recompute (the
@@ -183,23 +189,23 @@ def memory(shape: ModelShape, layout: Layout, overhead_gb: float = 2.0) -> Memor
     if layout.recompute == "full":  # one layer's full activations while it is being recomputed
         recompute_working = activation_bytes_per_layer(shape, layout, "none")
     head = shape.embedding_params if (not shape.tied or p > 1) else 0
+    # ZeRO 2/3 gradients stay whole while micro batches accumulate (see the module docstring).
+    sharded_grads = layout.zero >= 2 and layout.microbatches == 1
     stages = []
     names = ["first", "last"] if p > 1 else ["only"]
     for name in names:
-        params = layers * shape.params_per_layer
+        root = 0.0  # the stage's parameters outside its blocks
         if name in ("first", "only"):
-            params += shape.embedding_params
+            root += shape.embedding_params
         if name in ("last", "only"):
-            params += head + shape.d_model
-        params /= t
+            root += head + shape.d_model
+        params = (layers * shape.params_per_layer + root) / t
         weights = params * w_bytes / (dp if layout.zero >= 3 else 1)
-        gradients = params * g_bytes / (dp if layout.zero >= 2 else 1)
+        gradients = params * g_bytes / (dp if sharded_grads else 1)
         optimizer = params * o_bytes / (dp if layout.zero >= 1 else 1)
         zero3 = 0.0
-        if (
-            layout.zero >= 3 and dp > 1
-        ):  # the gathered layer being computed, the prefetched next one, its grads
-            zero3 = 3.0 * shape.params_per_layer / t * w_bytes
+        if layout.zero >= 3 and dp > 1:  # the gathered root unit and three blocks (module docstring)
+            zero3 = (3.0 * shape.params_per_layer + root) / t * w_bytes
         micro = in_flight if name in ("first", "only") else 1
         activations = micro * layers * per_layer_act + recompute_working
         stage_logits = logits if name in ("last", "only") else 0.0
@@ -454,46 +460,3 @@ def recommend(
         if bubble > 0.1:
             rec.warnings.append(f"pipeline bubble {100 * bubble:.0f}%: raise the global batch or lower PP.")
     return rec
-
-
-def memory_rows(mem: Memory) -> list[tuple[str, str]]:
-    """The breakdown table of one layout (its worst stage)."""
-    peak = mem.peak
-    rows = [("layout", mem.layout.describe())]
-    if mem.layout.pp > 1:
-        rows.append(
-            (
-                "worst stage",
-                f"{peak.stage} ({', '.join(f'{s.stage} {s.total / GB:.1f} GB' for s in mem.stages)})",
-            )
-        )
-    rows += [
-        ("weights", f"{peak.weights / GB:.2f} GB"),
-        ("gradients", f"{peak.gradients / GB:.2f} GB"),
-        ("optimizer state", f"{peak.optimizer / GB:.2f} GB"),
-    ]
-    if peak.zero3_buffers:
-        rows.append(("ZeRO-3 gathered layers", f"{peak.zero3_buffers / GB:.2f} GB"))
-    rows += [
-        ("activations", f"{peak.activations / GB:.2f} GB"),
-    ]
-    if peak.logits:
-        rows.append(("logits (fp32)", f"{peak.logits / GB:.2f} GB"))
-    rows += [
-        ("overhead", f"{peak.overhead / GB:.2f} GB"),
-        ("total per GPU", f"{peak.total / GB:.2f} GB"),
-    ]
-    return rows
-
-
-def alternatives_table(rec: Recommendation) -> str:
-    header = f"{'TP':>3} {'PP':>3} {'DP':>5} {'ZeRO':>5} {'GB/GPU (micro batch 1)':>23}  fits"
-    lines = [header, "-" * len(header)]
-    chosen = (rec.layout.tp, rec.layout.pp, rec.layout.dp, rec.layout.zero)
-    for layout, mem, ok in rec.alternatives:
-        mark = "  <- recommended" if (layout.tp, layout.pp, layout.dp, layout.zero) == chosen else ""
-        lines.append(
-            f"{layout.tp:>3} {layout.pp:>3} {layout.dp:>5} {layout.zero:>5} {mem.peak.total / GB:>23.1f}  "
-            f"{'yes' if ok else 'no'}{mark}"
-        )
-    return "\n".join(lines)
