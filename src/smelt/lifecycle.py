@@ -85,7 +85,10 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
             "mtbf_hours",
         }
     ),
-    "eval": frozenset({"batch_size", "every_steps", "inloop_items", "inloop_tasks"}),
+    "eval": frozenset(
+        {"batch_size", "every_steps", "inloop_items", "inloop_tasks", "contamination_tasks",
+         "contamination_items", "contamination_k", "contamination_inloop"}
+    ),  # fmt: skip
 }
 # Work that took longer than this is moved aside, never deleted, when a change supersedes it.
 COSTLY_S = 60.0

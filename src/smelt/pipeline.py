@@ -75,6 +75,8 @@ def _stage_config(cfg: Config, stage: str) -> dict[str, Any]:
     config = {name: asdict(getattr(cfg, name)) for name in STAGE_SECTIONS[stage]}
     if stage == "curate":  # the executor and the URL mirror never change the documents
         config["data"] = {k: v for k, v in config["data"].items() if k not in PLACEMENT_KEYS}
+        if not config["data"]["canaries"]:  # none planted: documents curated before the key stay current
+            del config["data"]["canaries"]
     if stage == "tokenize":  # the loader's keys (mixture, stages, FIM) do not change the shards
         config["tokens"] = cfg.tokens.shard_settings()
     if stage == "train":

@@ -421,6 +421,14 @@ class EvalConfig:
         choices=("lm-eval", "eos"),
         help="prompt tokens: lm-eval (no prefix token unless the context is empty) or eos (one EOS first)",
     )
+    contamination_tasks: list[str] = option(
+        [], help="tasks the contamination meter checks (empty: `tasks` but passkey; docs/evaluation.md)"
+    )
+    contamination_items: int = option(100, range=(2, 10**9), help="items per task the meter scores")
+    contamination_k: float = option(
+        4.0, range=(0.0, 1000.0), help="flag a task whose paired t statistic is below -k"
+    )
+    contamination_inloop: bool = option(False, help="run the contamination meter at every checkpoint")
 
 
 @dataclass

@@ -294,6 +294,12 @@ class DataConfig:
     shard_bytes: int = option(
         64_000_000, range=(1_000, 10**12), help="input bytes per work shard (large files split by records)"
     )
+    canaries: int = option(
+        0,
+        range=(0, 10_000),
+        help="random canary strings planted in the first source's train split, string i repeated "
+        "2^(i mod 6) times (1, 2, 4 ... 32), for the contamination meter's memorisation curve",
+    )
     boilerplate: BoilerplateConfig = field(default_factory=BoilerplateConfig)
     langid: LangIdConfig = field(default_factory=LangIdConfig)
     gopher_quality: GopherQualityConfig = field(default_factory=GopherQualityConfig)

@@ -33,6 +33,7 @@ from typing import Any
 
 from smelt.config import DataConfig, hash_json
 from smelt.config.data import PLACEMENT_KEYS
+from smelt.data.canary_step import plant_canaries
 from smelt.data.checks import check_usable
 from smelt.data.dedup.decontam import Decontaminate
 from smelt.data.dedup.exact import ExactDedup
@@ -235,6 +236,9 @@ def _curate(
     n_docs = sum(sum(c.values()) for c in units.values())
     del units  # an entry per unit, by default per document: not to be held through the reduce
     kept, reduce_entries = _reduce(shards, map_dir, corpus_steps, ledger, out_dir, cfg.docs_per_part, n_docs)
+    planted = plant_canaries(cfg, out_dir)
+    if planted is not None:
+        extra["canaries"] = planted
     removed: dict[str, Counter] = {}
     for source in cfg.sources:
         mine = [e for e in reduce_entries if e["source"] == source.name]

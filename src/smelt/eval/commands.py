@@ -47,6 +47,12 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         default="text",
         help="--data jsonl field / parquet column holding the text (default: text)",
     )
+    p.add_argument(
+        "--contamination",
+        action="store_true",
+        help="the contamination meter instead: benchmark items against swapped-answer controls, and the "
+        "canaries' memorisation (RUN/eval/contamination/; --tasks and --limit choose the items)",
+    )
     add_common(p)
     p.set_defaults(func=_eval)
 
@@ -57,6 +63,8 @@ def _eval(args: argparse.Namespace) -> int:
     cfg = config_for_run(args.run, args.overrides)
     if args.tasks_dir is not None:
         cfg.eval.tasks_dir = args.tasks_dir
+    if args.contamination:
+        return _contamination(cfg, args)
     if args.checkpoint != "latest" or args.tasks is not None or args.limit is not None or args.data:
         return _eval_checkpoint(
             cfg, args.checkpoint, args.tasks, args.limit, args.force, args.data, args.data_field
@@ -159,3 +167,21 @@ def data_rows(result: dict, labels: list[str]) -> list[tuple[str, str]]:
                      f"{f['xz_bits_per_byte']:.4f} whole set; {f['gzip_window_bits_per_byte']:.4f} / "
                      f"{f['xz_window_bits_per_byte']:.4f} per {f['seq_len']}-token window"))  # fmt: skip
     return rows
+
+
+def _contamination(cfg: Config, args: argparse.Namespace) -> int:
+    from smelt.eval.contamination_run import contamination_rows, evaluate_contamination
+    from smelt.summary import print_table
+
+    if args.data:
+        raise UserError("--contamination and --data are separate runs: drop --data, or run it on its own.")
+    if args.limit is not None and args.limit < 0:
+        raise UserError(
+            f"--limit {args.limit} must be 0 (every item) or a positive number of items per task."
+        )
+    names = None if args.tasks is None else [t.strip() for t in args.tasks.split(",") if t.strip()]
+    for result in evaluate_contamination(cfg, args.checkpoint, names or None, args.limit, args.force):
+        print_table(contamination_rows(result))
+        print()
+    print(f"written: {cfg.run_dir / 'eval' / 'contamination'}")
+    return 0

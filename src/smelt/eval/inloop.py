@@ -10,7 +10,9 @@ gathers the shards collectively) and log the result from rank 0 only.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -20,9 +22,11 @@ from smelt.eval.tasks import configured_tasks_dir, get_spec, load_task, resolve_
 
 
 class InLoopEval:
-    """`InLoopEval(cfg, tokenizer_dir, device)(model, step)` -> {"task/metric": value}."""
+    """`InLoopEval(cfg, tokenizer_dir, device)(model, step)` -> {"task/metric": value}, and with
+    eval.contamination_inloop, at every checkpoint step (checkpoint.every_steps and `last_step`),
+    {"contamination": the meter's figures} (eval/contamination.py)."""
 
-    def __init__(self, cfg: Config, tokenizer_dir: Path, device: torch.device) -> None:
+    def __init__(self, cfg: Config, tokenizer_dir: Path, device: torch.device, last_step: int = 0) -> None:
         from smelt.tokenizer.load import Tokenizer
 
         e = cfg.eval
@@ -31,6 +35,13 @@ class InLoopEval:
         self.device = device
         self.tokenizer = Tokenizer.load(tokenizer_dir)
         self.prepared: dict[str, Prepared] = {}
+        self.meter, self.checkpoint_every, self.last_step = None, cfg.checkpoint.every_steps, last_step
+        if e.contamination_inloop:
+            from smelt.eval.contamination import ContaminationMeter
+            from smelt.layout import STAGE_DIRS
+
+            documents = Path(tokenizer_dir).parent / STAGE_DIRS["curate"]
+            self.meter = ContaminationMeter(cfg, self.tokenizer, documents, cfg.model.max_seq_len)
         if not self.every or not (e.inloop_tasks or e.tasks):
             return
         tasks_dir = configured_tasks_dir(e.tasks_dir)
@@ -46,12 +57,26 @@ class InLoopEval:
             )
 
     def due(self, step: int) -> bool:
+        return self.tasks_due(step) or self.meter_due(step)
+
+    def tasks_due(self, step: int) -> bool:
         return bool(self.every and self.prepared and step % self.every == 0)
 
+    def meter_due(self, step: int) -> bool:
+        every = self.checkpoint_every
+        return self.meter is not None and (step == self.last_step or bool(every and step % every == 0))
+
     @torch.no_grad()
-    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, float]:
-        """Every numeric metric of every task, keyed "task/metric" (a flat dict for metrics.jsonl)."""
-        out: dict[str, float] = {}
+    def __call__(self, model: torch.nn.Module, step: int) -> dict[str, Any]:
+        """Every numeric metric of every task, keyed "task/metric" (a flat dict for metrics.jsonl), and
+        the contamination meter's figures under "contamination" when it is due."""
+        out: dict[str, Any] = {}
+        if self.meter_due(step):
+            started = time.perf_counter()
+            out["contamination"] = self.meter(model, self.device, self.batch_size)
+            out["contamination_s"] = round(time.perf_counter() - started, 3)
+        if not self.tasks_due(step):
+            return out
         for name, prep in self.prepared.items():
             result = score_prepared(model, self.tokenizer, prep, self.batch_size, self.device)
             for key in ("acc", "acc_per_char", "acc_per_token", "exact_match", "perplexity"):

@@ -1,8 +1,10 @@
-"""Report sections about evaluations: held-out bits-per-byte, task curves per checkpoint, the gallery."""
+"""Report sections about evaluations: held-out bits-per-byte, task curves per checkpoint, the gallery, and
+the contamination meter (benchmarks against their controls, canary memorisation against exposure)."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from smelt.metric_records import finite, task_entries, task_scores
@@ -282,3 +284,85 @@ def gallery_section(run: Run) -> str:
 
 def _sort_step(step: Any) -> int:
     return step if isinstance(step, int) else -1
+
+
+def contamination_points(run: Run) -> list[dict[str, Any]]:
+    """The contamination meter's figures per checkpoint, in token order: `smelt eval --contamination`'s
+    files, and the in-loop records (eval.contamination_inloop) at steps those files do not cover."""
+    from smelt.eval.contamination_run import read_results
+
+    points = {int(r.get("step") or 0): {**r, "_tokens": tokens_of(run, r)} for r in read_results(run.path)}
+    for record in run.kind("eval"):
+        figures = record.get("contamination")
+        if isinstance(figures, dict) and isinstance(figures.get("tasks"), dict):
+            points.setdefault(int(record.get("step") or 0), {**figures, "_tokens": record.get("tokens")})
+    return [points[s] for s in sorted(points)]
+
+
+def contamination_section(run: Run) -> str:
+    points = contamination_points(run)
+    if not points:
+        return missing(
+            "no contamination figures: run `smelt eval RUN --contamination`, or train with "
+            "eval.contamination_inloop = true (docs/evaluation.md, A contamination meter)."
+        )
+    last = points[-1]
+    k = float(last.get("k") or 0)
+    xs = [run.cumulative(p["_tokens"]) for p in points]
+    tasks = sorted({t for p in points for t in p["tasks"]})
+    series = [Series(t, xs, [(p["tasks"].get(t) or {}).get("t") for p in points], dots=True) for t in tasks]
+    series.append(Series(f"flag below -k = -{k:g}", [xs[0], xs[-1]], [-k, -k], "#c44e52", "4 3"))
+    parts = [
+        chart_svg(Chart("paired t of each benchmark against its controls", "tokens", "t", series)),
+        note(
+            "Each item's bits per byte (question and gold answer) minus its controls' (the answer swapped for "
+            "a distractor, or another item's answer); t = mean / (sd / sqrt(n)), a one-sided paired t-test. "
+            "A benchmark below -k is flagged: the model finds its gold strings easier than chance explains."
+        ),
+    ]
+    rows, classes = [], []
+    for name, f in sorted(last["tasks"].items()):
+        rows.append([name, f.get("items"), f.get("controls"), f.get("gold_bits_per_byte"),
+                     f.get("control_bits_per_byte"), f.get("t"), f.get("p_value"), f.get("below_share"),
+                     "FLAGGED" if f.get("flagged") else "clean"])  # fmt: skip
+        classes.append("diff" if f.get("flagged") else "")
+    header = [
+        "benchmark",
+        "items",
+        "controls",
+        "gold bits/byte",
+        "control bits/byte",
+        "t",
+        "p",
+        "below",
+        "verdict",
+    ]
+    parts.append(f"<h3>Step {last.get('step')}</h3>" + table(header, rows, classes))
+    with_canaries = [p for p in points if isinstance(p.get("canaries"), dict)]
+    if with_canaries:
+        parts.append(_canary_chart(with_canaries))
+    return "\n".join(parts)
+
+
+def _canary_chart(points: list[dict[str, Any]]) -> str:
+    """Memorisation against exposure: per checkpoint (the last four), the unseen controls' mean minus the
+    canaries' bits per byte at each number of copies planted, with the controls' spread around 0."""
+    series, spread = [], []
+    for p in points[-4:]:
+        levels = p["canaries"]["levels"]
+        xs = [math.log2(level["copies"]) for level in levels]
+        series.append(
+            Series(f"step {p.get('step')}", xs, [level["memorisation"] for level in levels], dots=True)
+        )
+        spread = [xs, p["canaries"]["controls"]["sd"]]
+    bands = [Band("± 1 sd of unseen controls", spread[0], [-spread[1]] * len(spread[0]),
+                  [spread[1]] * len(spread[0]), "#999999")] if spread else []  # fmt: skip
+    chart = Chart("canary memorisation against exposure", "log2(copies planted)", "memorisation (bits/byte)",
+                  series, bands=bands, x_format="plain", x_zero=True, y_zero=True)  # fmt: skip
+    last = points[-1]["canaries"]
+    rows = [[level["copies"], level["strings"], level["bits_per_byte"], level["memorisation"], level["z"]]
+            for level in last["levels"]]  # fmt: skip
+    c = last["controls"]
+    rows.append(["unseen", c["strings"], c["bits_per_byte"], 0.0, None])
+    header = ["copies", "strings", "bits/byte", "memorisation (bits/byte)", "z"]
+    return "<h3>Canaries</h3>" + chart_svg(chart) + table(header, rows)

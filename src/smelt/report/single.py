@@ -25,6 +25,7 @@ SECTIONS: list[tuple[str, str, Callable[[Run], str]]] = [
     ("events", "Events", train_sections.events_section),
     ("experts", "Experts", moe_section.experts_section),
     ("evaluation", "Evaluation", eval_sections.evaluation_section),
+    ("contamination", "Contamination", eval_sections.contamination_section),
     ("gallery", "Gallery", eval_sections.gallery_section),
     ("lineage", "Lineage", lineage.lineage_section),
     ("mixture", "Mixture: target vs realized", data_sections.mixture_section),

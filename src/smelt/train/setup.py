@@ -228,13 +228,14 @@ def metric_sinks(cfg: Config, out_dir: Path) -> list:
     return sinks
 
 
-def inloop_evaluator(cfg: Config, tokenizer_dir: Path, device: torch.device) -> Any:
-    """Benchmark subsets scored during training when eval.every_steps is set (tasks read once, here)."""
-    if not cfg.eval.every_steps:
+def inloop_evaluator(cfg: Config, tokenizer_dir: Path, device: torch.device, last_step: int = 0) -> Any:
+    """Benchmark subsets scored during training when eval.every_steps is set, and the contamination
+    meter at checkpoints with eval.contamination_inloop (tasks read once, here)."""
+    if not cfg.eval.every_steps and not cfg.eval.contamination_inloop:
         return None
     from smelt.eval.inloop import InLoopEval
 
-    return InLoopEval(cfg, tokenizer_dir, device)
+    return InLoopEval(cfg, tokenizer_dir, device, last_step)
 
 
 def losses_by_source(sources: list[str], sums: torch.Tensor) -> dict[str, Any]:

@@ -308,7 +308,7 @@ class Trainer:
         self.alerts = AlertDispatch(
             self.spikes, self.checkpointer, self.metrics, self.scaler, self.out_dir.parent
         )
-        self.inloop = inloop_evaluator(self.cfg, self.tokenizer_dir, self.device)
+        self.inloop = inloop_evaluator(self.cfg, self.tokenizer_dir, self.device, plan.steps)
 
     # --- one step ---------------------------------------------------------------------------------
 
