@@ -441,14 +441,16 @@ def check_compatible(meta: dict[str, Any], checkpoint_dir: Path, expected: dict[
 def load_model(
     checkpoint_dir: Path, device: str | torch.device = "cpu"
 ) -> tuple[Transformer, dict[str, Any]]:
-    """Rebuild the model from a checkpoint's meta.json and load its weights (checksums verified)."""
+    """Rebuild the model from a checkpoint's meta.json and load its weights (checksums verified).
+
+    The model is built on the meta device and given empty storage on `device` (Transformer.for_loading),
+    and DCP reads the weights straight into that storage: one copy of the weights, no random init, and
+    no staging copy on the CPU for a GPU."""
     checkpoint_dir = Path(checkpoint_dir)
     meta = read_meta(checkpoint_dir)
-    model = Transformer.for_loading(ModelConfig(**meta["model_config"]), int(meta["vocab_size"]))
-    state = {"model": model.state_dict()}
-    _dcp_load(state, checkpoint_dir)  # loads in place into the module's tensors
-    model.load_state_dict(state["model"])
-    return model.to(device), meta
+    model = Transformer.for_loading(ModelConfig(**meta["model_config"]), int(meta["vocab_size"]), device)
+    _dcp_load({"model": model.state_dict()}, checkpoint_dir)  # in place into the module's tensors
+    return model, meta
 
 
 def load_training_state(

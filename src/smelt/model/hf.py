@@ -343,7 +343,7 @@ def import_hf(folder: str | Path) -> Transformer:
         state[s + "mlp.gate.weight"] = hf[p + "mlp.gate_proj.weight"]
         state[s + "mlp.up.weight"] = hf[p + "mlp.up_proj.weight"]
         state[s + "mlp.down.weight"] = hf[p + "mlp.down_proj.weight"]
-    model = Transformer(cfg, vocab)
+    model = Transformer.for_loading(cfg, vocab)  # no random init under weights about to be overwritten
     missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     if missing or unexpected:
         raise UserError(
