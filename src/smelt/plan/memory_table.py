@@ -22,7 +22,7 @@ def memory_rows(mem: Memory) -> list[tuple[str, str]]:
         ("optimizer state", f"{peak.optimizer / GB:.2f} GB"),
     ]
     if peak.zero3_buffers:
-        rows.append(("ZeRO-3 gathered (root unit, 3 blocks)", f"{peak.zero3_buffers / GB:.2f} GB"))
+        rows.append(("ZeRO-3 gathered weights", f"{peak.zero3_buffers / GB:.2f} GB"))
     rows += [
         ("activations", f"{peak.activations / GB:.2f} GB"),
     ]
