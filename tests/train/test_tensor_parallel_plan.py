@@ -4,9 +4,10 @@ import dataclasses
 import json
 
 import pytest
+import tomllib
 
 from helpers import VOCAB
-from smelt.config import config_from_dict, tomllib
+from smelt.config import config_from_dict
 from smelt.errors import ConfigError
 from smelt.plan.layout_keys import train_keys, train_keys_toml
 from smelt.plan.memory import Cluster, Layout, ModelShape, memory, recommend
