@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     p.add_argument("--eval-every", type=int, default=10, help="steps between validations of the whole split")
-    p.add_argument("--baseline-lrs", default="1e-3,2e-3,4e-3", help="the baseline's LRs to pick the best of")
+    p.add_argument("--baseline-lrs", default="1.5e-3,3e-3,6e-3", help="the baseline's LRs to pick the best of")
     p.add_argument(
         "--baseline-factor",
         type=float,

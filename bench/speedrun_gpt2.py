@@ -99,8 +99,10 @@ def train_windows(tokens_dir: Path, seq_len: int, seed: int):
     """Endless shuffled windows of seq_len + 1 tokens over the train split (a new order each epoch)."""
     from smelt.tokens.shards import ShardSet
 
-    stream = np.concatenate([ShardSet(tokens_dir, "train", s.name).read(0, ShardSet(tokens_dir, "train", s.name).total_tokens)
-                             for s in sorted((tokens_dir / "train").iterdir()) if s.is_dir()])  # fmt: skip
+    sources = [
+        ShardSet(tokens_dir, "train", d.name) for d in sorted((tokens_dir / "train").iterdir()) if d.is_dir()
+    ]
+    stream = np.concatenate([shards.read(0, shards.total_tokens) for shards in sources])
     starts = np.arange(0, len(stream) - seq_len - 1, seq_len)
     rng = np.random.default_rng(seed)
     while True:

@@ -1,0 +1,133 @@
+"""The speedrun's lever sweep: held-out bits per byte at equal tokens (or equal FLOPs, for the shapes).
+
+Each lever is one `smelt train` of the quickstart's data with the overrides below, one process at a time,
+scored once at the end on the whole validation split; the GPT-2-style baseline (bench/speedrun_gpt2.py)
+runs at 3 LRs on the same shards, tokens, batch and sequence. Bits per byte at equal tokens do not depend
+on how busy the machine is; the tokens/s beside them do, and the result file records the load average.
+
+    python bench/speedrun_levers.py --work DIR [--only NAME,NAME] [--threads 1]
+
+DIR must hold the quickstart's prepared data (`smelt curate/tokenizer train/tokenize
+configs/quickstart.toml --set run.dir=DIR`, or a bench/speedrun.py --work DIR run). It writes
+bench/results/speedrun_levers.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import REPO, smelt_env, write_result
+
+sys.path.insert(0, str(REPO / "src"))
+
+TOKENS = 307_200  # 75 steps of 4,096 tokens
+# The reference the levers move from: d 128, 4 layers, 4 heads, sequence and batch as the quickstart's.
+SHAPE = ["model.preset=", "model.n_kv_heads=0", "model.max_seq_len=256", "train.warmup_tokens=20480",
+         "train.on_grad_spike=log"]  # fmt: skip
+D128 = ["model.d_model=128", "model.n_layers=4", "model.n_heads=4"]
+MUON = ["train.optimizer=muon"]
+B2048 = ["train.batch_tokens=2048", "train.micro_batch=8"]
+WSD = ["train.schedule=wsd", "train.decay_fraction=0.3", "train.min_lr_ratio=0.0"]
+# name: (overrides, what it tests). The shapes get the tokens that give the reference's FLOPs
+# (smelt.model.flops.flops_per_token at vocabulary 4,096 and sequence 256).
+LEVERS: dict[str, tuple[list[str], str]] = {
+    "base": ([*D128, f"train.tokens={TOKENS}"], "AdamW, lr 3e-3, cosine to 10%"),
+    "lr6e3": ([*D128, f"train.tokens={TOKENS}", "train.lr=6e-3"], "AdamW at twice the LR"),
+    "muon": ([*D128, f"train.tokens={TOKENS}", *MUON], "Muon (0.02) for the hidden matrices"),
+    "m_d192L4": (["model.d_model=192", "model.n_layers=4", "model.n_heads=6", "train.tokens=167936", *MUON],
+                 "Muon, wider (d 192) at the reference's FLOPs"),
+    "m_d96L4": (["model.d_model=96", "model.n_layers=4", "model.n_heads=3", "train.tokens=487424", *MUON],
+                "Muon, narrower (d 96) at the reference's FLOPs"),
+    "m_wsd": ([*D128, f"train.tokens={TOKENS}", *MUON, *WSD], "Muon, WSD: the last 30% of steps decay to 0 (1-sqrt)"),
+    "m_b2048": ([*D128, f"train.tokens={TOKENS}", *MUON, *B2048],
+                "Muon, half the batch (twice the steps)"),
+    "m_qknorm": ([*D128, f"train.tokens={TOKENS}", *MUON, "model.qk_norm=true"], "Muon, QK-norm"),
+    "m_untied": ([*D128, f"train.tokens={TOKENS}", *MUON, "model.tie_embeddings=false"], "Muon, untied head"),
+    "m_b2048_wsd": ([*D128, f"train.tokens={TOKENS}", *MUON, *B2048, *WSD], "Muon, half the batch and WSD"),
+    "m_b2048_wsd_s128": ([*D128, f"train.tokens={TOKENS}", *MUON, *B2048, *WSD, "train.seq_len=128",
+                          "train.micro_batch=16"], "Muon, half the batch, WSD, sequence 128 (16 x 128)"),
+}  # fmt: skip
+BASELINE_LRS = (1.5e-3, 3e-3, 6e-3)
+
+
+def lever_figures(metrics: Path, split: dict) -> dict:
+    """Final bits per byte, tokens, parameters, FLOPs per token and median tokens/s of one run."""
+    from speedrun import to_bpb
+
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    start = next(r for r in records if r.get("event") == "start")
+    final = [r for r in records if r["kind"] == "eval" and "val_loss" in r][-1]
+    rates = [r["tokens_per_s"] for r in records if r["kind"] == "train" and r.get("tokens_per_s")]
+    return {"tokens": final["tokens"], "val_loss": round(final["val_loss"], 4),
+            "bits_per_byte": round(to_bpb(final["val_loss"], split), 4), "params": start["params_total"],
+            "flops_per_token": start["flops_per_token"], "tokens_per_s_under_load": round(statistics.median(rates)),
+            "eval_s": final["eval_s"]}  # fmt: skip
+
+
+def run_lever(work: Path, name: str, threads: int, split: dict) -> dict:
+    overrides = [f"run.dir={work}", f"train.threads={threads}", "train.eval_budget=0", "train.eval_every=0",
+                 "train.eval_tokens=0", "train.log_every=5", *SHAPE, *LEVERS[name][0]]  # fmt: skip
+    shutil.rmtree(work / "quickstart" / "train", ignore_errors=True)
+    env = smelt_env(OMP_NUM_THREADS=str(threads), SMELT_QUIET="1")
+    config = str(REPO / "configs" / "quickstart.toml")
+    subprocess.run([sys.executable, "-m", "smelt.cli", "train", config, *[x for o in overrides for x in ("--set", o)]],
+                   check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+    return {**lever_figures(work / "quickstart" / "train" / "metrics.jsonl", split), "what": LEVERS[name][1],
+            "overrides": LEVERS[name][0]}  # fmt: skip
+
+
+def run_baseline_sweep(work: Path, threads: int, split: dict) -> dict:
+    import torch
+    from speedrun import validator
+    from speedrun_gpt2 import GPT2Shape, run_baseline
+
+    torch.set_num_threads(threads)
+    tokens = work / "quickstart" / "tokens"
+    validate, precision = validator(tokens, 256, 16, "bf16", split)
+    shape = GPT2Shape(4096, 128, 4, 4, 256)
+    out = {}
+    for lr in BASELINE_LRS:
+        r = run_baseline(tokens, shape, lr=lr, seed=1, tokens=TOKENS, batch_tokens=4096, warmup_tokens=20480,
+                         eval_every=10**9, validate=validate, precision=precision)  # fmt: skip
+        out[f"gpt2_lr{lr:g}"] = {"tokens": r["tokens_run"], "bits_per_byte": round(r["curve"][-1][3], 4),
+                                 "params": r["params"], "flops_per_token": r["flops_per_token"],
+                                 "tokens_per_s_under_load": round(r["tokens_run"] / r["train_s"]),
+                                 "what": f"GPT-2-style baseline, AdamW lr {lr:g}"}  # fmt: skip
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", required=True, help="directory whose quickstart/ holds the prepared data")
+    p.add_argument("--only", default="", help="comma-separated lever names (and/or 'baseline'); default all")
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args()
+    from speedrun import split_figures
+
+    work = Path(a.work)
+    split = split_figures(work / "quickstart")
+    names = a.only.split(",") if a.only else [*LEVERS, "baseline"]
+    load_before, started = os.getloadavg(), time.time()
+    results = {}
+    for name in names:
+        if name == "baseline":
+            results.update(run_baseline_sweep(work, a.threads, split))
+        else:
+            results[name] = run_lever(work, name, a.threads, split)
+    write_result("speedrun_levers", {
+        "levers": results, "xz_bits_per_byte": round(split["xz_bits_per_byte"], 4), "threads": a.threads,
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()], "wall_s": round(time.time() - started),
+    })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
