@@ -1,0 +1,182 @@
+"""The pretraining effects of bench/effects.py: anneal, checkpoint averaging (and EMA), MoE, context
+extension, Muon against AdamW.
+
+Anneal and averaging share one stable run per seed: prose and code from the shared corpus (70/30), the
+tiny-1m shape, 240 steps of 256 tokens at a constant LR of 1e-2 after warmup, a checkpoint every 20
+steps. At this size the constant LR is high enough that its noise, not the token count, limits the loss,
+which is the regime WSD's decay and weight averaging are for. Everything goes through the CLI: `smelt
+run`, `smelt anneal`, `smelt eval`, `smelt checkpoint average`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from effects_common import CODE, PROSE, TOKENIZER, effect, read_json, sets, smelt
+
+STABLE = (
+    """\
+[run]
+name = "stable-{seed}"
+dir = "{runs}"
+seed = {seed}
+
+"""
+    + PROSE
+    + CODE
+    + TOKENIZER
+    + """
+
+[tokens]
+mixture = {{ prose = 0.7, code = 0.3 }}
+workers = 1
+
+[model]
+preset = "tiny-1m"
+max_seq_len = 128
+
+[train]
+seq_len = 128
+micro_batch = 2
+batch_tokens = 256
+tokens = {tokens}
+lr = 1e-2
+threads = 1
+warmup_tokens = 5_120
+schedule = "constant"
+log_every = 10
+eval_every = 0
+eval_tokens = 8_192
+
+[checkpoint]
+every_steps = 20
+keep_last = 20
+
+[eval]
+max_bytes = 50_000
+tasks = []
+prompts = []
+max_new_tokens = 8
+"""
+)
+BATCH, STEPS, FORK = 256, 240, 160  # the stable run's last step; the anneals fork at step 160
+AVERAGE_LAST = 3  # checkpoints averaged: steps 200, 220, 240
+EMA_DECAY = 0.5
+
+
+def stable_run(runs: Path, shared: Path, seed: int) -> tuple[Path, Path]:
+    """The stable run of one seed (constant LR to STEPS) and its config."""
+    config = runs / f"stable-{seed}.toml"
+    run = runs / f"stable-{seed}"
+    if not (run / "summary.json").is_file():
+        runs.mkdir(parents=True, exist_ok=True)
+        config.write_text(STABLE.format(runs=runs.resolve(), shared=shared, seed=seed, tokens=STEPS * BATCH))
+        smelt("run", str(config))
+    return run, config
+
+
+def heldout(run: Path, step: int) -> dict:
+    """Held-out loss (nats) and bits per byte, overall and per source, of one evaluated checkpoint."""
+    # A weights-only checkpoint (an average) is scored as eval/weights_only-step_N.json.
+    (path,) = sorted((run / "eval").glob(f"*step_{step:07d}.json"))
+    h = read_json(path)["heldout"]
+    return {"loss": h["overall"]["loss"], "bits_per_byte": h["overall"]["bits_per_byte"],
+            "loss_by_source": {s: f["loss"] for s, f in h["per_source"].items()}}  # fmt: skip
+
+
+def evaluate(config: Path, run: Path, step: int) -> dict:
+    if not list((run / "eval").glob(f"*step_{step:07d}.json")):
+        smelt("eval", str(config), "--checkpoint", str(step), "--tasks", "",
+              *sets(f"run.dir='{run.parent}'", f"run.name='{run.name}'"))  # fmt: skip
+    return heldout(run, step)
+
+
+def anneal_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    stable, same, code_same, code_mix = [], [], [], []
+    for seed in seeds:
+        run, config = stable_run(runs, shared, seed)
+        if not (runs / f"stable-{seed}-anneal-code" / "summary.json").is_file():
+            smelt("anneal", str(config), "--from", f"{run}:{FORK}", "--decay-tokens", str((STEPS - FORK) * BATCH),
+                  "--variant", "same", "tokens.mixture={prose=0.7, code=0.3}",
+                  "--variant", "code", "tokens.mixture={prose=0.3, code=0.7}")  # fmt: skip
+        stable.append(evaluate(config, run, STEPS))
+        for name, out in (("same", same), ("code", code_mix)):
+            fork = runs / f"stable-{seed}-anneal-{name}"
+            (last,) = sorted((fork / "eval").glob("step_*.json"))[-1:]
+            out.append(heldout(fork, int(last.stem.split("_")[1])))
+        code_same.append(same[-1]["loss_by_source"]["code"])
+    result = effect("held-out loss (nats) at equal tokens: stable run continued at constant LR (before) "
+                    f"against a WSD decay from its step {FORK} on the same mixture (after)", seeds,
+                    [s["loss"] for s in stable], [s["loss"] for s in same], 0.03, better="lower",
+                    tokens=STEPS * BATCH, fork_step=FORK, decay_tokens=(STEPS - FORK) * BATCH,
+                    bits_per_byte_stable=[round(s["bits_per_byte"], 4) for s in stable],
+                    bits_per_byte_anneal=[round(s["bits_per_byte"], 4) for s in same])  # fmt: skip
+    result["mixture_anneal"] = effect(
+        "held-out code loss (nats): the same-mixture anneal (before) against the code-upweighted anneal "
+        "(prose 0.3, code 0.7; after)", seeds, code_same, [c["loss_by_source"]["code"] for c in code_mix],
+        0.0, better="lower",
+        prose_loss_same_vs_code_anneal=[(round(s["loss_by_source"]["prose"], 4), round(c["loss_by_source"]["prose"], 4))
+                                        for s, c in zip(same, code_mix, strict=True)])  # fmt: skip
+    result["disjoint"] = (
+        "held-out loss is on the validation split (documents no run trains on); the anneals "
+        f"continue the stable run's data from step {FORK} (train.fork_data = 'continue')"
+    )
+    return result
+
+
+def average_run(runs: Path, run: Path, config: Path, label: str, extra: list[str]) -> dict:
+    """Average checkpoints of `run` into a run-shaped directory beside it and score it like the run."""
+    out = runs / f"{run.name}-{label}"
+    target = out / "train" / "checkpoints" / f"step_{STEPS:07d}"
+    if not list((out / "eval").glob(f"*step_{STEPS:07d}.json")):
+        for stage in ("documents", "tokenizer", "tokens"):
+            link = out / stage
+            if not link.exists():
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to((run / stage).resolve(), target_is_directory=True)
+        smelt("checkpoint", "average", str(run), *extra, "--out", str(target), "--force")
+        evaluate(config, out, STEPS)
+    return heldout(out, STEPS)
+
+
+def averaging_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    last, avg, ema = [], [], []
+    stables = runs.parent / "anneal"  # the anneal effect's stable runs, when it ran first
+    for seed in seeds:
+        run, config = stable_run(stables, shared, seed)
+        last.append(evaluate(config, run, STEPS)["loss"])
+        avg.append(
+            average_run(stables, run, config, f"avg{AVERAGE_LAST}", ["--last", str(AVERAGE_LAST)])["loss"]
+        )
+        ema.append(average_run(stables, run, config, f"ema{EMA_DECAY}", ["--last", str(AVERAGE_LAST),
+                                                                          "--ema", str(EMA_DECAY)])["loss"])  # fmt: skip
+    result = effect(f"held-out loss (nats): last checkpoint (step {STEPS}) of the constant-LR run (before) "
+                    f"against the uniform average of its last {AVERAGE_LAST} checkpoints, 20 steps apart "
+                    "(after)", seeds, last, avg, 0.0, better="lower")  # fmt: skip
+    result["ema"] = effect(f"the same, EMA (decay {EMA_DECAY}) of the last {AVERAGE_LAST} checkpoints", seeds,
+                           last, ema, 0.0, better="lower")  # fmt: skip
+    result["disjoint"] = "held-out loss on the validation split, which no run trains on"
+    return result
+
+
+def not_run(why: str) -> dict:
+    return {"shown": None, "status": "not run", "why": why}
+
+
+def moe_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    return not_run(
+        "not measured in this round: the machine's time went to the effects before it in the "
+        "issue's priority order; bench/results/moe.json (one seed) is the latest figure"
+    )
+
+
+def context_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    return not_run(
+        "not measured in this round: needs a base trained on synthetic key-value retrieval "
+        "documents to retrieve at 256 tokens first; bench/results/lifecycle.json (one seed) "
+        "has passkey accuracy at chance before and after extension"
+    )
+
+
+def muon_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    return not_run("not measured in this round (report only in the issue)")

@@ -1,0 +1,86 @@
+"""One small case per effect that bench/effects.py shows, checking the sign of the effect (not its size)
+through smelt's CLI: SFT lowers the held-out loss of addition problems it never trained on, a WSD decay
+beats the stable run continued at equal tokens, and the average of a constant-LR run's last checkpoints
+beats its last checkpoint. (DPO and GRPO did not show a held-out effect at this scale; tests/posttrain
+checks that each improves what it trains on.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from smelt.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture()
+def base_run(tmp_path):
+    from tests.posttrain.conftest import write_base_run, write_tokenizer
+
+    return write_base_run(tmp_path / "base", write_tokenizer(tmp_path / "tok"))
+
+
+def sets(*items: str) -> list[str]:
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def posttrain(config: str, parent: Path, out: Path, *overrides: str) -> dict:
+    argv = ["posttrain", "run", str(REPO / "configs" / "posttrain" / config),
+            *sets(f"run.init_from='{parent}'", f"run.out='{out}'", *overrides)]  # fmt: skip
+    assert main(argv) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_sft_lowers_the_loss_of_heldout_addition_problems(base_run, tmp_path):
+    summary = posttrain("sft_addition.toml", base_run, tmp_path / "sft", "optim.lr=3e-3", "optim.steps=40",
+                        "optim.batch_size=8", "optim.seq_len=64", "optim.schedule='cosine'",
+                        "data.addition_digits=1", "data.addition_items=2000", "data.heldout=25")  # fmt: skip
+    assert summary["heldout_items"] == 25 and summary["heldout_contaminated"] == 0
+    assert summary["val_loss"] < summary["val_loss_before"] - 1.0
+
+
+@pytest.fixture(scope="module")
+def stable(tmp_path_factory):
+    """A tiny stable run (48 steps of 256 tokens at a constant LR of 1e-2 after warmup, a checkpoint every
+    4 steps) and a WSD anneal forked from its step 32 to the same tokens, as bench/effects.py runs them."""
+    from smelt.cli import QUICKSTART_CONFIG
+
+    from .test_pipeline_e2e import TINY
+
+    root = tmp_path_factory.mktemp("effects")
+    args = [str(QUICKSTART_CONFIG), *sets(*TINY, "train.micro_batch=2", "train.batch_tokens=256",
+            "train.tokens=12288", "train.warmup_tokens=1024", "train.lr=1e-2", "train.schedule='constant'",
+            "train.threads=1", "train.eval_every=0", "checkpoint.every_steps=4", "checkpoint.keep_last=10", "eval.tasks=[]",
+            "eval.gallery_tokens=0", "eval.max_bytes=30000", f"run.dir='{root}'", "run.name='stable'")]  # fmt: skip
+    assert main(["run", *args]) == 0
+    run = root / "stable"
+    assert main(["anneal", *args, "--from", f"{run}:32", "--decay-tokens", "4096", "--variant", "same"]) == 0
+    return root, args
+
+
+def heldout_loss(run: Path, step: int | None = None) -> float:
+    files = sorted((run / "eval").glob(f"*step_{step:07d}.json" if step else "*step_*.json"))
+    path = files[-1]  # a weights-only checkpoint (an average) is scored as weights_only-step_N.json
+    return json.loads(path.read_text())["heldout"]["overall"]["loss"]
+
+
+def test_a_wsd_decay_beats_the_stable_run_continued_at_equal_tokens(stable):
+    root, _ = stable
+    assert heldout_loss(root / "stable-anneal-same") < heldout_loss(root / "stable", 48)
+
+
+def test_the_average_of_the_last_checkpoints_beats_the_last(stable):
+    root, args = stable
+    run, avg = root / "stable", root / "stable-avg3"
+    for name in ("documents", "tokenizer", "tokens"):
+        avg.mkdir(exist_ok=True)
+        (avg / name).symlink_to((run / name).resolve(), target_is_directory=True)
+    target = avg / "train" / "checkpoints" / "step_0000048"
+    assert main(["checkpoint", "average", str(run), "--last", "3", "--out", str(target)]) == 0
+    assert main(["eval", *args[:1], "--checkpoint", "48", "--tasks", "", *args[1:-2],
+                 *sets(f"run.dir='{root}'", "run.name='stable-avg3'")]) == 0  # fmt: skip
+    assert heldout_loss(avg, 48) < heldout_loss(run, 48)
