@@ -96,6 +96,7 @@ def test_a_killed_stage_resumes_bit_exactly(stage, base_run, tmp_path):
     assert [r["step"] for r in progress_records(out) if r["kind"] == "train"][-1] == 5  # died after step 5
     resumed = RUNNERS[stage](config_from_dict(raw_config(stage, base_run, out, data)))
     assert resumed["resumed_from_step"] == 3
+    assert resumed["wall_time_s"] >= resumed["train_time_s"]  # both count the killed attempt's kept steps
     assert progress_records(out) == progress_records(whole)  # every loss, reward and eval, bit for bit
     if stage == "grpo":  # the comparison is not between runs that learned nothing
         assert any(

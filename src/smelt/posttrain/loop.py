@@ -139,6 +139,7 @@ class Loop:
         self.carry.update(loop["carry"])
         self.stage.tokens = int(meta.get("tokens", 0))
         self.stage.train_seconds = float(loop.get("train_seconds", 0.0))
+        self.stage.earlier_wall_s = float(loop.get("wall_seconds", 0.0))
         if rank_state is not None and "rng" in rank_state:
             restore_rng(rank_state["rng"], self.stage.device)
         self.start_step = int(meta["step"])
@@ -196,7 +197,7 @@ class Loop:
             "config_hash": hash_json(stage.cfg.to_dict()), "parent": stage.parent.record(),
             "world_size": stage.world_size, "metrics_offset": metrics.offset if metrics else None,
             "posttrain_loop": {"cursor": self.cursor.state_dict(), "carry": self.carry,
-                               "train_seconds": stage.train_seconds},
+                               "train_seconds": stage.train_seconds, "wall_seconds": stage.wall_seconds()},
         }  # fmt: skip
         path = save_checkpoint(self.checkpoints_dir, step, stage.model, self.optimizer, meta,
                                rank_state={"rng": rng_state(stage.device)})  # fmt: skip

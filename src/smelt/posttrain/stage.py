@@ -65,6 +65,7 @@ class Stage:
     seq_len: int
     metrics: MetricsLog | None = None
     started: float = field(default_factory=time.time)
+    earlier_wall_s: float = 0.0  # wall time of earlier attempts, up to the checkpoint this one resumed from
     tokens: int = 0  # tokens through the model's forward (training only), for tokens/s
     train_seconds: float = 0.0
     force: bool = False  # --force: begin() moves a previous run's train/ aside
@@ -103,6 +104,10 @@ class Stage:
     def log_record(self, record: dict[str, Any]) -> None:
         if self.metrics is not None:
             self.metrics.write(record)
+
+    def wall_seconds(self) -> float:
+        """Wall time of this stage over its attempts (each counted up to the checkpoint the next resumed from)."""
+        return self.earlier_wall_s + time.time() - self.started
 
     def timed(self, work: Callable[[], Any]) -> Any:
         """Run one step's work, adding its wall time to the stage's throughput (tokens are added by the
@@ -416,7 +421,7 @@ def finish(stage: Stage, loop: Any, step: int, summary: dict[str, Any]) -> dict[
         "stage": stage.name, "run_dir": str(stage.out_dir), "checkpoint": str(checkpoint),
         "parent": str(stage.parent.checkpoint), "steps": step, "tokens": stage.tokens,
         "tokens_per_s": round(stage.tokens_per_s(), 1), "train_time_s": round(stage.train_seconds, 2),
-        "wall_time_s": round(time.time() - stage.started, 2), "world_size": stage.world_size,
+        "wall_time_s": round(stage.wall_seconds(), 2), "world_size": stage.world_size,
         "resumed_from_step": loop.start_step or None, **summary,
     }  # fmt: skip
     stage.log_record({"kind": "event", "event": "end", "step": step, "tokens": stage.tokens,
