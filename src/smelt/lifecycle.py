@@ -60,6 +60,17 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
             "wandb_mode",
             "watchdog_s",
             "monitor_every",
+            # Telemetry and the run-health alerts read the run and log; they never change it
+            # (train/telemetry.py, train/health.py).
+            "telemetry_every",
+            "alert_val_regression",
+            "alert_domain_rise",
+            "alert_loader_wait",
+            "alert_clip_rate",
+            "alert_update_ratio_max",
+            "alert_update_ratio_min",
+            "alert_throughput_drop",
+            "alert_moe_load",
             "grad_alert_factor",
             "threads",
             "straggler_ratio",

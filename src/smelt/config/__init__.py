@@ -346,7 +346,40 @@ class TrainConfig:
         "its beginning, reusing what the parent trained on",
     )
     monitor_every: int = option(
-        0, range=(0, 10**9), help="steps between per-layer update/weight ratios and norms (0: off)"
+        -1, range=(-1, 10**9),
+        help="steps between per-parameter update/weight ratios and norms (-1: every train.telemetry_every; 0: off)",
+    )  # fmt: skip
+    telemetry_every: int = option(
+        100, range=(0, 10**9),
+        help="steps between activation RMS, kurtosis, max attention and output logits and Adam moment RMS "
+        "(docs/observability.md; 0: off)",
+    )  # fmt: skip
+    alert_val_regression: float = option(
+        0.01, range=(0.0, 1e6), help="alert: validation loss this many nats above its best (0: off)"
+    )
+    alert_domain_rise: float = option(
+        0.005, range=(0.0, 1e6),
+        help="alert: one source's validation loss up this many nats since the last eval while the total falls (0: off)",
+    )  # fmt: skip
+    alert_loader_wait: float = option(
+        0.03, range=(0.0, 1.0),
+        help="alert: the last alert_window steps waited for data this share of their time (0: off)",
+    )  # fmt: skip
+    alert_clip_rate: float = option(
+        0.02, range=(0.0, 1.0), help="alert: this share of the last alert_window steps clipped (0: off)"
+    )
+    alert_update_ratio_max: float = option(
+        1e-2, range=(0.0, 1e6), help="alert: a parameter's update ratio above this after warmup (0: off)"
+    )
+    alert_update_ratio_min: float = option(
+        1e-5, range=(0.0, 1e6), help="alert: a parameter's update ratio below this after warmup (0: off)"
+    )
+    alert_throughput_drop: float = option(
+        0.2, range=(0.0, 1.0),
+        help="alert: a log window's tokens/s this fraction below the median over the alert_window steps before (0: off)",
+    )  # fmt: skip
+    alert_moe_load: float = option(
+        1.3, range=(0.0, 1e6), help="alert: an MoE layer's busiest expert over mean load above this (0: off)"
     )
     tensorboard: bool = option(False, help="also write metrics to TensorBoard under RUN/train/tensorboard")
     wandb_project: str = option("", help="also log metrics to this W&B project (empty: off)")

@@ -110,6 +110,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # Telemetry (train/telemetry.py) sets a callable here for one sampled forward, which sees the
+        # queries and keys as the attention scores them; None otherwise, and the forward is as before.
+        self.probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None
 
     def forward(
         self,
@@ -131,6 +134,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if self.probe is not None:
+            self.probe(q, k)
         if isinstance(mask, GatheredKV):  # after RoPE: each rank rotates its own rows by their positions
             k, v, mask = mask.gather(k), mask.gather(v), mask.mask
         causal = mask is None

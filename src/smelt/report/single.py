@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.metric_records import finite, task_entries
-from smelt.report import data_sections, eval_sections, lineage, moe_section, train_sections
+from smelt.report import data_sections, eval_sections, lineage, moe_section, telemetry_section, train_sections
 from smelt.report.decisions import decisions_for
 from smelt.report.page import missing, note, page, section, table
 from smelt.report.run import Run, final_metrics, load_run
@@ -21,6 +21,7 @@ SECTIONS: list[tuple[str, str, Callable[[Run], str]]] = [
     ("trajectory", "Expected trajectory", trajectory_section),  # train.expect's curve and band
     ("lr", "Learning rate", train_sections.lr_section),
     ("gradients", "Gradients", train_sections.gradients_section),
+    ("telemetry", "Telemetry", telemetry_section.telemetry_section),
     ("throughput", "Throughput and MFU", train_sections.throughput_section),
     ("events", "Events", train_sections.events_section),
     ("experts", "Experts", moe_section.experts_section),

@@ -157,8 +157,8 @@ def check_pipeline_parallel(cfg: Config, dp: int = 1) -> None:
         )
     if tc.compile is True:  # "auto" turns itself off here (speed.py)
         problems.append("train.compile = true is not built for pipeline stages; set it to false or auto")
-    if tc.monitor_every:
-        problems.append("train.monitor_every (per-layer ratios) is not built for it; set it to 0")
+    if tc.monitor_every > 0:  # -1 (with the telemetry) turns itself off there: train/telemetry.py
+        problems.append("train.monitor_every (per-layer ratios) is not built for it; set it to -1 or 0")
     if cfg.eval.every_steps:
         problems.append(
             "in-loop task scores (eval.every_steps) are not built for it (generation needs every layer on "

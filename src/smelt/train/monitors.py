@@ -36,12 +36,20 @@ class MetricsLog:
 
     `sinks` (TensorBoard, W&B: objects with log(record) and close()) see every record too. Without
     `append`, an existing non-empty file is moved aside (`set_aside` says where), never overwritten.
+    `watch` (health.HealthAlerts) sees every record and returns the alert events to write after it;
+    when appending, the records already in the file go through it first, without alerting.
     """
 
     def __init__(
-        self, path: Path, enabled: bool = True, append: bool = False, sinks: list | None = None
+        self,
+        path: Path,
+        enabled: bool = True,
+        append: bool = False,
+        sinks: list | None = None,
+        watch: Any = None,
     ) -> None:
         self.enabled = enabled
+        self.watch = watch if enabled else None
         self.file = None
         self.set_aside: Path | None = None
         self.offset: int | None = None  # bytes in the file so far (rank 0); a checkpoint records it
@@ -51,6 +59,11 @@ class MetricsLog:
             if not append and path.is_file() and path.stat().st_size > 0:
                 self.set_aside = _free_name(path)
                 os.replace(path, self.set_aside)
+            if append and self.watch is not None and path.is_file():
+                for line in path.read_bytes().splitlines():
+                    record = _parse(line)
+                    if record is not None:
+                        self.watch.observe(record, quiet=True)
             self.file = open(path, "ab" if append else "wb")  # noqa: SIM115 - closed in close()
             self.offset = self.file.tell()
 
@@ -62,6 +75,9 @@ class MetricsLog:
             self.offset = (self.offset or 0) + len(line)
         for sink in self.sinks:
             sink.log(record)
+        if self.watch is not None:
+            for alert in self.watch.observe(record):
+                self.write(alert)
 
     def close(self) -> None:
         if self.file is not None:

@@ -42,7 +42,7 @@ def announce(t: Any) -> None:
         "flops_per_token": t.flops_tok, "model_flops_per_token": t.model_flops_tok,
         "peak_flops": t.peak_total, "peak_flops_source": peak_source(), "world_size": t.world_size,
         "compile": t.compile_note,
-        "host_memory": t.host_memory_note,
+        "host_memory": t.host_memory_note, "telemetry": t.telemetry.note(),
         "parallel": tc.parallel if ctx.distributed else None, "config_hash": hash_json(t.config_dict),
         "doc_masking": tc.doc_masking, **({"from": str(resume_from)} if resume_from is not None else {}),
         **({"parent": t.identity["parent"]} if parent is not None else {}),

@@ -67,6 +67,17 @@ def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
                 ("layers/update_ratio_max", max(ratios)),
                 ("layers/update_ratio_median", statistics.median(ratios)),
             ]
+        for key, values in (record.get("by_layer") or {}).items():  # telemetry.py's per-layer pooling
+            out += [(f"layers/{key}/layer_{i}", float(v)) for i, v in enumerate(values) if finite(v)]
+    elif kind == "telemetry":  # per layer: activation RMS, kurtosis, max attention logit
+        for key in ("act_rms", "act_kurtosis", "attn_logit_max"):
+            out += [
+                (f"telemetry/{key}/layer_{i}", float(v))
+                for i, v in enumerate(record.get(key) or [])
+                if finite(v)
+            ]
+        if finite(record.get("logit_max")):
+            out.append(("telemetry/logit_max", float(record["logit_max"])))
     elif kind == "moe":  # per sparse layer: expert balance and router entropy
         for key in ("moe_max_mean", "moe_entropy", "moe_dropped"):
             for layer, value in zip(record.get("moe_layers") or [], record.get(key) or [], strict=False):

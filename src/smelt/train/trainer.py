@@ -9,7 +9,7 @@ continues with exactly the batches an uninterrupted run would have seen. `Traine
 loop, as named phases; the step arithmetic (token-weighted accumulation, sync, clipping) is in
 step.py; alerts, their policies and what the trainer does about them (skip, rollback, stop,
 overflow) in alerts.py; the log window's statistics in window.py; the records before the first step
-and the summary in records.py; metrics.jsonl, validation and per-layer update ratios in monitors.py;
+and the summary in records.py; metrics.jsonl and validation in monitors.py, telemetry in telemetry.py;
 batch arithmetic in batching.py; resume choice, schedule, sinks, run manifest in setup.py. Rank 0
 alone writes metrics.jsonl: the data plan, stage changes, the realized mixture per window (with drift
 alerts), alerts and skips, and the share of step time spent waiting for data.
@@ -54,9 +54,10 @@ from smelt.train.distributed import (
 )
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
 from smelt.train.goodput import clock, timed
+from smelt.train.health import health_alerts
 from smelt.train.materialize import build_training_model
 from smelt.train.mesh import mesh_for
-from smelt.train.monitors import MetricsLog, UpdateRatioMonitor, supersede_after_resume
+from smelt.train.monitors import MetricsLog, supersede_after_resume
 from smelt.train.optim import build_optimizer, set_lr
 from smelt.train.precision import peak_flops, resolve_precision
 from smelt.train.records import announce, mfu_fields, summary
@@ -78,6 +79,7 @@ from smelt.train.setup import (
 )
 from smelt.train.speed import training_forward
 from smelt.train.step import finish_grads, forward_backward
+from smelt.train.telemetry import telemetry_for
 from smelt.train.watchdog import StopSignals, stop_on_signal
 from smelt.train.window import Window
 
@@ -140,6 +142,7 @@ class Trainer:
                 wait = time.perf_counter() - t0
                 lr = self.schedule(step - 1)
                 set_lr(self.optimizer, lr)
+                self.telemetry.begin(step, plan.tokens_at(step), parts)
                 loss, norm = self.step(parts)
                 tokens = plan.tokens_at(step)
                 decision = self.alerts.decide(step, tokens, loss, norm)
@@ -214,7 +217,7 @@ class Trainer:
         )  # fmt: skip
         self.data_plan = data_plan = self.loader.plan
         self.mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
-        self.ratios = UpdateRatioMonitor(model, self.sharded) if tc.monitor_every else None
+        self.telemetry = telemetry_for(self)  # activations, logits, Adam moments, update ratios
 
         self.params = count_params(cfg.model, vocab_size)
         self.flops_tok, self.model_flops_tok = flops_conventions(cfg.model, vocab_size, tc.seq_len)
@@ -304,6 +307,7 @@ class Trainer:
         self.metrics = MetricsLog(
             self.out_dir / "metrics.jsonl", enabled=ctx.is_main, append=self.resume_from is not None,
             sinks=metric_sinks(self.cfg, self.out_dir) if ctx.is_main else None,
+            watch=health_alerts(self.tc, say) if ctx.is_main else None,  # run-health alerts: health.py
         )  # fmt: skip
         self.alerts = AlertDispatch(
             self.spikes, self.checkpointer, self.metrics, self.scaler, self.out_dir.parent
@@ -349,9 +353,7 @@ class Trainer:
         self, step: int, tokens: int, decision: Decision, loss: float, norm: float, lr: float
     ) -> None:
         """Apply the update, or let the alert dispatch skip it, roll back, or pass an fp16 overflow."""
-        tc, ratios, action = self.tc, self.ratios, decision.action
-        if ratios is not None and action == "apply" and not decision.overflow and not step % tc.monitor_every:
-            ratios.snapshot()
+        action = decision.action
         # A checkpoint's host copy must finish before weights change; the wait is a checkpoint stall.
         self.window.ranks.checkpoint_wait_s += timed(self.checkpointer.before_update)
         if decision.overflow:
@@ -369,8 +371,6 @@ class Trainer:
         if action in ("skip", "rollback"):
             self.alerts.count_skip(step, tokens, decision, loss, norm, lr)
         self.optimizer.zero_grad(set_to_none=True)
-        if ratios is not None and ratios.before is not None:
-            self.metrics.write({"kind": "layers", "step": step, "tokens": tokens, "layers": ratios.measure()})
 
     # --- log window, evaluate, checkpoint ---------------------------------------------------------
 
