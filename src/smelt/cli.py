@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "smelt.tokenizer.commands",
     "smelt.tokens.commands",
     "smelt.train.commands",
+    "smelt.spike_commands",
     "smelt.checkpoint.commands",
     "smelt.inspect_commands",
     "smelt.plan.commands",

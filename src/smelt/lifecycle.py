@@ -78,6 +78,7 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
             "expect",
             "expect_tolerance_tokens",
             "keep_host_memory",
+            "spike_triage",
             # Compiled kernels round differently from eager ones (as other thread counts may), but the
             # plan (data order, schedule, model) is the same, so switching it stops nothing.
             "compile",

@@ -33,6 +33,7 @@ from smelt.lifecycle import (
 )
 from smelt.manifest import Stage, hash_file, hash_files, read_manifest, write_json
 from smelt.progress import log
+from smelt.tokens.drop_list import DROP_LIST, drop_inputs, drop_list_path, read_drop_list
 
 # Stages that pick up an interrupted run where it stopped (per-shard completion markers) instead of
 # starting over; a finished stage whose config or inputs changed always starts from an empty directory.
@@ -111,6 +112,8 @@ def _stage_inputs(cfg: Config, stage: str) -> dict[str, str]:
                 f"has no manifest.json. Run `smelt run CONFIG` (or the {upstream!r} stage) first."
             )
         inputs[upstream] = manifest["outputs_hash"]
+    if stage == "tokenize":  # documents on the run's drop list are left out (tokens/drop_list.py)
+        inputs.update(drop_inputs(cfg.run_dir))
     return inputs
 
 
@@ -148,8 +151,9 @@ def _execute(cfg: Config, stage: str, directory: Path, resume: bool = False) -> 
         from smelt.tokens.tokenize import tokenize
 
         return tokenize(
-            cfg.tokens, run_dir / STAGE_DIRS["curate"], run_dir / STAGE_DIRS["tokenizer"], directory
-        )
+            cfg.tokens, run_dir / STAGE_DIRS["curate"], run_dir / STAGE_DIRS["tokenizer"], directory,
+            drops=read_drop_list(drop_list_path(run_dir)),
+        )  # fmt: skip
     if stage == "train":
         from smelt.train.trainer import train
 
@@ -337,8 +341,9 @@ def stale_upstream(cfg: Config, stage: str, parent: Any = None) -> list[str]:
         if upstream != "curate":
             current = _stage_inputs(cfg, upstream)
             for name in changed_inputs(manifest.get("inputs", {}), current):
+                what = f"{STAGE_DIRS[name]}/" if name in STAGE_DIRS else DROP_LIST  # the run's drop list
                 lines.append(
-                    f"{STAGE_DIRS[upstream]}/ was made from an older {STAGE_DIRS[name]}/ ({name} has changed since)"
+                    f"{STAGE_DIRS[upstream]}/ was made from an older {what} ({name} has changed since)"
                 )
     return lines
 

@@ -172,7 +172,7 @@ def run_drill(
     default = TOLERANCE_FP32 if precision == "fp32" else TOLERANCE_LOW_PRECISION
     result = DrillResult(checkpoint, count, exact and tolerance is None,
                          tolerance if tolerance is not None else (0.0 if exact else default), why_tolerance=why)  # fmt: skip
-    replayed = {s["step"]: s for s in _side_process(config, checkpoint, tokens, tokenizer, count)}
+    replayed = {s["step"]: s for s in side_process(config, checkpoint, tokens, tokenizer, count)["steps"]}
     for window in after:
         if window.last > at + count:
             break
@@ -185,14 +185,16 @@ def run_drill(
     return result
 
 
-def _side_process(
-    config: dict[str, Any], checkpoint: Path, tokens: Path, tokenizer: Path, steps: int
-) -> list:
+def side_process(
+    config: dict[str, Any], checkpoint: Path, tokens: Path, tokenizer: Path, steps: int, **extra: Any
+) -> dict[str, Any]:
+    """Run `python -m smelt.train.replay` on one process; its result ({"steps": [...], ...}). `extra`
+    goes into the request (a spike's triage asks for "probe_step")."""
     with tempfile.TemporaryDirectory(prefix="smelt-drill-") as scratch:
         request, result = Path(scratch) / "request.json", Path(scratch) / "result.json"
         request.write_text(json.dumps({
             "config": config, "checkpoint": str(checkpoint), "tokens": str(tokens),
-            "tokenizer": str(tokenizer), "steps": steps, "scratch": str(Path(scratch) / "train"),
+            "tokenizer": str(tokenizer), "steps": steps, "scratch": str(Path(scratch) / "train"), **extra,
         }), encoding="utf-8")  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}  # one process, never a group
         done = subprocess.run(
@@ -201,7 +203,7 @@ def _side_process(
         )  # fmt: skip
         if done.returncode != 0 or not result.is_file():
             raise DrillFailed(f"the side process failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
-        return json.loads(result.read_text(encoding="utf-8"))["steps"]
+        return json.loads(result.read_text(encoding="utf-8"))
 
 
 class DrillFailed(RuntimeError):

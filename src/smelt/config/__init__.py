@@ -332,6 +332,12 @@ class TrainConfig:
     max_consecutive_skips: int = option(
         5, range=(1, 10**7), help="stop the run after this many skipped steps in a row"
     )
+    spike_triage: str = option(
+        "auto", choices=("auto", "side", "end", "off"),
+        help="replay each loss or gradient spike from the checkpoint before it and label it data or "
+        "nondeterministic/hardware: side (a side process while training), end (when training ends), "
+        "auto (side on the CPU, end on a GPU) or off (docs/observability.md)",
+    )  # fmt: skip
     init_from: str = option(
         "", help="fork: start from this run's checkpoint (RUN, RUN:STEP or a step_NNNNNNN dir); empty: fresh"
     )

@@ -37,6 +37,7 @@ from smelt.errors import UserError
 from smelt.executors import ProcessPool, TaskExecutor, make_executor
 from smelt.progress import log, progress
 from smelt.tokenizer.load import Tokenizer
+from smelt.tokens.drop_list import DocFilter, write_dropped
 from smelt.tokens.shards import (
     DONE_SUFFIX,
     FORCE_HINT,
@@ -205,18 +206,25 @@ def _batches(
     batch_docs: int,
     batch_bytes: int,
     special: SpecialText | None = None,
+    keep: DocFilter | None = None,
 ) -> Iterator[tuple[pa.Array, np.ndarray]]:
     """Text batches of a source after its first `skip` documents, with each document's UTF-8 size;
     a batch holds at most `batch_docs` documents and, past its first document, `batch_bytes` of text.
-    `special` sees every document, the skipped ones too."""
+    `special` sees every document, the skipped ones too; `keep` leaves out the drop list's documents
+    before anything else sees them (`skip` counts the documents kept)."""
     for path, part in zip(files, parts, strict=True):
         rows = part.metadata.num_rows
-        if skip >= rows and special is None:
+        if skip >= rows and special is None and keep is None:
             skip -= rows
             continue
         try:
-            for batch in part.iter_batches(batch_size=batch_docs, columns=["text"]):
-                column = batch.column(0)
+            for batch in part.iter_batches(
+                batch_size=batch_docs, columns=["id", "text"] if keep else ["text"]
+            ):
+                column = batch.column(batch.num_columns - 1)
+                if keep:
+                    mask = keep.keep(batch.column(0).to_pylist())
+                    column = column if mask.all() else column.filter(pa.array(mask))
                 if special is not None:
                     special.add(column)
                 if skip:
@@ -242,6 +250,7 @@ def tokenize(
     out_dir: Path | str,
     workers: int | None = None,
     url_cache: str = "",
+    drops: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Encode every split/source of documents into out_dir/<split>/<source>/NNNNN.bin + NNNNN.idx.
 
@@ -254,11 +263,13 @@ def tokenize(
     `out_dir` may be a file:// URL, or a store's URL (s3://...): then the shards are written to a staging
     directory under `url_cache` (default ~/.cache/smelt/urls), where a rerun resumes, and published to
     the store (data/urls.py), `.done` markers after their shards and shards.json last.
+    `drops`: the run's drop list (tokens/drop_list.py); its documents are left out and recorded in
+    out_dir/dropped.jsonl.
     """
     if is_remote(str(out_dir)):
         staging = staging_dir(url_cache, str(out_dir))
         log(f"[tokenize] writing under {staging}, then to {out_dir}")
-        result = tokenize(cfg, documents_dir, tokenizer_dir, staging, workers)
+        result = tokenize(cfg, documents_dir, tokenizer_dir, staging, workers, drops=drops)
         publish(staging, str(out_dir), "tokenize", result["splits"], last=(STATS_JSON, SHARDS_JSON))
         return result
     started = time.time()
@@ -320,6 +331,7 @@ def tokenize(
     splits: dict[str, Any] = {}
     resumed = 0
     special_total: Counter[str] = Counter()
+    dropped: list[dict[str, Any]] = []
     bar = progress(total=total_docs, desc="tokenize", unit="doc", unit_scale=True)
     try:
         for split, sources in layout.items():
@@ -327,7 +339,8 @@ def tokenize(
             for source, files in sources.items():
                 parts = [opened[p] for p in files]
                 directory = out_dir / split / source
-                key = _source_key(meta, cfg, files, parts)
+                keep = DocFilter(split, source, drops or [])
+                key = _source_key(meta, cfg, files, parts) + (f"-drop-{keep.key()}" if keep else "")
                 kept = _finished_shards(directory, key, dtype.itemsize) if directory.is_dir() else []
                 skip = sum(m["documents"] for m in kept)
                 resumed += len(kept)
@@ -337,7 +350,7 @@ def tokenize(
                 _encode_source(
                     pool,
                     n_workers,
-                    _batches(files, parts, skip, cfg.batch_docs, cfg.batch_bytes, special),
+                    _batches(files, parts, skip, cfg.batch_docs, cfg.batch_bytes, special, keep or None),
                     writer,
                     eos,
                     bos,
@@ -354,7 +367,9 @@ def tokenize(
                     "bytes_per_token": round(counts["bytes"] / text_tokens, 4) if text_tokens > 0 else 0.0,
                     "shards": len(markers),
                     **special.row(),
+                    **({"dropped": len(keep.dropped)} if keep.dropped else {}),
                 }
+                dropped.extend(keep.dropped)
                 manifest["splits"].setdefault(split, {})[source] = {
                     **counts,
                     "shards": [{k: m[k] for k in m if k != "key"} for m in markers],
@@ -375,6 +390,11 @@ def tokenize(
         "tokenizer_hash": tokenizer.hash,
         "special_text": dict(sorted(special_total.items(), key=lambda kv: (-kv[1], kv[0]))),
     }
+    if drops:
+        write_dropped(out_dir, dropped)
+        log(
+            f"[tokenize] {len(dropped)} document(s) left out by the run's drop list (listed in {out_dir / 'dropped.jsonl'})"
+        )
     write_json_atomic(out_dir / SHARDS_JSON, manifest)
     (out_dir / STATS_JSON).write_text(json.dumps(stats, indent=2) + "\n")
     result = {

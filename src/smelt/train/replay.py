@@ -7,7 +7,8 @@ REQUEST names the checkpoint, the token and tokenizer directories, the resolved 
 checkpoint's meta.json, with the drill's overrides applied), how many steps to run and the scratch
 directory. The steps go through the Trainer's own phases (build, resume, next batch, step, alert
 decision, apply or skip), so the drill checks the path a real resume takes. Nothing is written into
-the run; the scratch directory is the caller's to delete.
+the run; the scratch directory is the caller's to delete. With "probe_step" in the request (a spike's
+triage), the model also scores that step's batch per document just before the step (train/spike_probe.py).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from smelt.train.optim import set_lr
 from smelt.train.trainer import Trainer
 
 
-def replay(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each replayed step's {"step", "loss", "grad_norm", "action"}, from the checkpoint's next step on."""
+def replay(request: dict[str, Any], probe: list | None = None) -> list[dict[str, Any]]:
+    """Each replayed step's {"step", "loss", "grad_norm", "action"}, from the checkpoint's next step on;
+    `probe` receives the segment losses of step request["probe_step"] (when given)."""
     cfg = config_from_dict(request["config"], origin=f"{request['checkpoint']}/meta.json")
     started = time.time()
     device = device_for(cfg.train.device, 0)
@@ -41,6 +43,10 @@ def replay(request: dict[str, Any]) -> list[dict[str, Any]]:
         last = min(trainer.plan.steps, trainer.start_step + int(request["steps"]))
         for step in range(trainer.start_step + 1, last + 1):  # the order of Trainer.train's loop
             parts = trainer.next_batch(step)
+            if probe is not None and step == request.get("probe_step"):
+                from smelt.train.spike_probe import segment_losses
+
+                probe.extend(segment_losses(trainer, parts))
             lr = trainer.schedule(step - 1)
             set_lr(trainer.optimizer, lr)
             loss, norm = trainer.step(parts)
@@ -59,8 +65,9 @@ def replay(request: dict[str, Any]) -> list[dict[str, Any]]:
 def main(argv: list[str]) -> int:
     request_path, result_path = argv
     request = json.loads(Path(request_path).read_text(encoding="utf-8"))
-    steps = replay(request)
-    Path(result_path).write_text(json.dumps({"steps": steps}), encoding="utf-8")
+    probe: list = []
+    steps = replay(request, probe)
+    Path(result_path).write_text(json.dumps({"steps": steps, "probe": probe}), encoding="utf-8")
     return 0
 
 

@@ -78,6 +78,7 @@ from smelt.train.setup import (
     set_deterministic,
 )
 from smelt.train.speed import training_forward
+from smelt.train.spike_watch import SpikeTriage
 from smelt.train.step import finish_grads, forward_backward
 from smelt.train.telemetry import telemetry_for
 from smelt.train.watchdog import StopSignals, stop_on_signal
@@ -147,6 +148,7 @@ class Trainer:
                 tokens = plan.tokens_at(step)
                 decision = self.alerts.decide(step, tokens, loss, norm)
                 self.apply_or_skip(step, tokens, decision, loss, norm, lr)
+                self.write_all(self.triage.step(step, tokens, decision))
                 clipped = decision.action == "apply" and tc.grad_clip > 0 and norm > tc.grad_clip
                 skipped = decision.action in ("skip", "rollback")
                 step_tokens = tokens - plan.tokens_at(step - 1)
@@ -313,6 +315,7 @@ class Trainer:
             self.spikes, self.checkpointer, self.metrics, self.scaler, self.out_dir.parent
         )
         self.inloop = inloop_evaluator(self.cfg, self.tokenizer_dir, self.device, plan.steps)
+        self.triage = SpikeTriage.of(self)
 
     # --- one step ---------------------------------------------------------------------------------
 
@@ -473,6 +476,7 @@ class Trainer:
             say(budget_note(budget, train_time))
         self.checkpoint(plan.steps)
         self.write_all(self.checkpointer.close())
+        self.write_all(self.triage.finish(plan.steps, plan.tokens))
         self.final = self.checkpoints_dir / step_dir_name(plan.steps)
         self.metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
                             "status": "ok", "wall_time_s": time.time() - self.started, "time": time.time(),
