@@ -62,13 +62,18 @@ max_new_tokens = 8
 """
 )
 
-# SFT on 1-digit addition: 400 steps of 8 rows of 64 tokens (about 50 problems a row-batch), cosine.
+# SFT on 1-digit addition: 400 steps of 8 rows of 64 tokens (about 50 problems a row-batch), cosine, weight
+# decay 1.0. With weight decay 0.1 one seed in three memorised the 75 training problems without
+# generalising (held-out exact match 0.64, 0.24, 0.80: not beyond twice the spread); 1.0 generalises on all three.
 SFT = ["optim.lr=1e-3", "optim.steps=400", "optim.batch_size=8", "optim.seq_len=64", "optim.schedule='cosine'",
-       "optim.warmup_steps=20", "optim.weight_decay=0.1", "data.addition_digits=1", "data.addition_items=4000",
+       "optim.warmup_steps=20", "optim.weight_decay=1.0", "data.addition_digits=1", "data.addition_items=4000",
        f"data.heldout={HELDOUT}"]  # fmt: skip
-# GRPO starts from the same SFT stopped at 200 steps of 16 rows (held-out greedy exact match 0.40 on
-# seed 0: inside the issue's 20-70%) and trains on prompts of the training quarter.
-SFT_SHORT = [*SFT[:1], "optim.steps=200", "optim.batch_size=16", *SFT[3:]]
+# GRPO starts from an SFT with weight decay 0.1 stopped at 200 steps of 16 rows (a trial without weight
+# decay stopped there reached 0.40 held-out greedy exact match: inside the issue's 20-70%) and trains on
+# prompts of the training quarter.
+SFT_SHORT = ["optim.lr=1e-3", "optim.steps=200", "optim.batch_size=16", "optim.seq_len=64",
+             "optim.schedule='cosine'", "optim.warmup_steps=20", "optim.weight_decay=0.1", "data.addition_digits=1",
+             "data.addition_items=4000", f"data.heldout={HELDOUT}"]  # fmt: skip
 GRPO = ["optim.lr=1e-4", "optim.steps=60", "optim.batch_size=8", "optim.schedule='constant'",
         "optim.warmup_steps=5", "grpo.group_size=8", "grpo.max_new_tokens=8", "grpo.temperature=1.0",
         "grpo.kl_coef=0.01", "grpo.reward='exact_number'", "data.addition_digits=1", "data.addition_items=4000",
