@@ -96,6 +96,7 @@ def test_a_poison_document_spikes_is_named_by_triage_and_dropping_it_removes_the
     triaged = {r["spike_step"]: r for r in _records(run) if r.get("event") == "spike_triage"}
     assert triaged[step]["label"] == "data" and triaged[step]["bitwise"] is True
     assert triaged[step]["suspects"] == [POISON]
+    assert triaged[step]["top"][0]["id"] == POISON and "suspects: poison-zq" in triaged[step]["message"]
     result = json.loads((run / "train" / "spikes" / f"step_{step:07d}.json").read_text())
     assert result["documents"][0]["id"] == POISON and "zq zq zq" in result["documents"][0]["snippet"]
     assert all(not d["suspect"] for d in result["documents"][1:])

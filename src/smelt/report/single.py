@@ -12,6 +12,7 @@ from smelt.report import data_sections, eval_sections, lineage, moe_section, tel
 from smelt.report.decisions import decisions_for
 from smelt.report.page import missing, note, page, section, table
 from smelt.report.run import Run, final_metrics, load_run
+from smelt.report.spikes_section import spikes_section
 from smelt.report.trajectory_section import trajectory_section
 
 # (anchor, title, builder): the order of the page, after the summary and before the decisions: what
@@ -24,6 +25,7 @@ SECTIONS: list[tuple[str, str, Callable[[Run], str]]] = [
     ("telemetry", "Telemetry", telemetry_section.telemetry_section),
     ("throughput", "Throughput and MFU", train_sections.throughput_section),
     ("events", "Events", train_sections.events_section),
+    ("spikes", "Spikes", spikes_section),  # each spike's replay label and suspects
     ("experts", "Experts", moe_section.experts_section),
     ("evaluation", "Evaluation", eval_sections.evaluation_section),
     ("contamination", "Contamination", eval_sections.contamination_section),

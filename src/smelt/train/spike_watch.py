@@ -119,16 +119,22 @@ class SpikeTriage:
         return [self._event(step, tokens, result)]
 
     def _event(self, step: int, tokens: int, result: dict[str, Any]) -> dict[str, Any]:
+        """The `spike_triage` record: the label, the suspects and the batch's three highest-loss documents
+        (so that the report draws it from metrics.jsonl alone), with a one-line message (also printed)."""
         spike = int(result["step"])
         if result.get("label") is None:
-            say(f"note: the spike at step {spike} was not triaged: {result.get('error', '')}".rstrip())
+            message = f"the spike at step {spike} was not triaged: {result.get('error', '')}".rstrip()
+            say(f"note: {message}")
         else:
             suspects = ", ".join(result.get("suspects", [])) or "none stand out"
-            say(f"spike at step {spike} triaged by replay: {result['label']}; suspects: {suspects} "
-                f"(`smelt train triage RUN --step {spike}`)")  # fmt: skip
+            message = f"spike at step {spike} triaged by replay: {result['label']}; suspects: {suspects}"
+            say(f"{message} (`smelt train triage RUN --step {spike}`)")
+        top = [{k: d.get(k) for k in ("id", "source", "loss", "excess", "tokens")}
+               for d in result.get("documents", [])[:3]]  # fmt: skip
         return {
             "kind": "event", "step": step, "tokens": tokens, "event": "spike_triage", "spike_step": spike,
             "label": result.get("label"), "bitwise": result.get("bitwise"), "suspects": result.get("suspects", []),
+            "alerts": [f["alert"] for f in result.get("figures", [])], "top": top, "message": message,
             **({"error": result["error"]} if result.get("error") else {}),
             "file": str(spike_path(self.train_dir, spike).relative_to(self.train_dir)), "time": time.time(),
         }  # fmt: skip
