@@ -183,3 +183,41 @@ def test_triage_lists_the_spikes_and_refuses_a_step_without_one(tmp_path, capsys
     assert code == 0 and "loss_spike" in out and "data" in out and "bad" in out
     code, _, err = _cli(["train", "triage", str(run), "--step", "8"], capsys)
     assert code == 2 and "no loss or gradient spike alert at step 8 (spikes at steps: 7)" in err
+
+
+def _running(triage: SpikeTriage, tmp_path: Path, step: int, code: str) -> None:
+    """A side process of `code` in place of a triage of `step` (the real one replays a checkpoint)."""
+    import subprocess
+    import sys
+
+    alerts = spike_path(tmp_path, step).with_suffix(".alerts.json")
+    alerts.parent.mkdir(parents=True, exist_ok=True)
+    alerts.write_text("[]")
+    log = spike_path(tmp_path, step).with_suffix(".log")
+    with open(log, "w") as handle:
+        process = subprocess.Popen([sys.executable, "-c", code], stdout=handle, stderr=subprocess.STDOUT)
+    triage.running = (step, alerts, process)
+
+
+def test_the_end_waits_for_a_running_triage_and_keeps_the_watchdog_fed(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SMELT_QUIET", raising=False)
+    triage = SpikeTriage("side", tmp_path, "cpu", is_main=True)
+    beats = []
+    triage.beat = beats.append
+    result = {"step": 9, "label": DATA, "bitwise": True, "suspects": ["bad"], "figures": [{"alert": "loss_spike"}],
+              "documents": [{"id": "bad", "source": "web", "loss": 12.0, "excess": 7.5, "tokens": 64, "snippet": "x"}]}  # fmt: skip
+    code = f"import time, pathlib; time.sleep(1.5); pathlib.Path({str(spike_path(tmp_path, 9))!r}).write_text({json.dumps(result)!r})"
+    _running(triage, tmp_path, 9, code)
+    (event,) = triage.finish(20, 2000)
+    assert (event["step"], event["spike_step"], event["label"], event["suspects"]) == (20, 9, DATA, ["bad"])
+    assert event["top"] == [{"id": "bad", "source": "web", "loss": 12.0, "excess": 7.5, "tokens": 64}]
+    assert beats and set(beats) == {20}
+    assert "spike at step 9 triaged by replay: data; suspects: bad" in capsys.readouterr().err
+    assert not spike_path(tmp_path, 9).with_suffix(".alerts.json").exists()
+
+
+def test_a_side_process_that_dies_leaves_an_event_with_its_output(tmp_path):
+    triage = SpikeTriage("side", tmp_path, "cpu", is_main=True)
+    _running(triage, tmp_path, 9, "import sys; print('out of memory'); sys.exit(3)")
+    (event,) = triage.finish(20, 2000)
+    assert event["label"] is None and "the side process failed (exit 3): out of memory" in event["error"]

@@ -11,7 +11,8 @@ runs them:
   copy of the model and its optimizer would compete with training for the device's memory);
 - "auto" (the default): "side" when the run trains on the CPU, "end" otherwise; "off": never.
 
-Spikes still queued or running when the loop ends are finished before the end record (a run that fails
+Spikes still queued or running when the loop ends are finished before the end record, the watchdog
+(train.watchdog_s) fed while it waits (a run that fails
 leaves a running triage to finish its file on its own). A spike with no committed checkpoint before it
 cannot be replayed; its event says so.
 """
@@ -45,10 +46,13 @@ class SpikeTriage:
         self.queue: list[tuple[int, Path]] = []  # (spike step, alerts file)
         self.running: tuple[int, Path, subprocess.Popen] | None = None
         self.count = 0
+        self.beat: Any = None  # the watchdog's beat, called while the end waits for a triage
 
     @classmethod
     def of(cls, trainer: Any) -> SpikeTriage:
-        return cls(trainer.tc.spike_triage, trainer.out_dir, trainer.device.type, trainer.ctx.is_main)
+        triage = cls(trainer.tc.spike_triage, trainer.out_dir, trainer.device.type, trainer.ctx.is_main)
+        triage.beat = lambda step: getattr(trainer, "watchdog", None) and trainer.watchdog.beat(step)
+        return triage
 
     def step(self, step: int, tokens: int, decision: Any) -> list[dict[str, Any]]:
         """Queue this step when it spiked; in "side" mode start the next triage and report finished ones."""
@@ -76,7 +80,10 @@ class SpikeTriage:
             return records
         while self.running is not None or self.queue:
             if self.running is not None:
-                self.running[2].wait()
+                while self.running[2].poll() is None:  # a long wait is no hang: keep the watchdog fed
+                    time.sleep(0.5)
+                    if self.beat is not None:
+                        self.beat(step)
             records += self._poll(step, tokens)
             self._start_next(step, tokens, records)
         return records
