@@ -12,9 +12,8 @@ runs them:
 - "auto" (the default): "side" when the run trains on the CPU, "end" otherwise; "off": never.
 
 Spikes still queued or running when the loop ends are finished before the end record, the watchdog
-(train.watchdog_s) fed while it waits (a run that fails
-leaves a running triage to finish its file on its own). A spike with no committed checkpoint before it
-cannot be replayed; its event says so.
+(train.watchdog_s) fed while it waits; a run that fails leaves a running triage to finish its file on
+its own. A spike with no committed checkpoint before it cannot be replayed; its event says so.
 """
 
 from __future__ import annotations
