@@ -6,6 +6,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 os.environ.setdefault("SMELT_QUIET", "1")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs one worker per core: each worker, and every process it starts, keeps to one thread
+    # (two workers of two threads each on two cores slow each other far more than twice).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def shared_data_dir() -> Path | None:

@@ -223,7 +223,9 @@ class TrainConfig:
         help="auto: bf16 autocast where the hardware has it, else fp32",
     )
     device: str = option("auto", help="auto, cpu, cuda or cuda:N")
-    threads: int = option(0, range=(0, 1024), help="CPU threads for torch (0: one per core)")
+    threads: int = option(
+        0, range=(0, 1024), help="CPU threads for torch (0: OMP_NUM_THREADS if set, else one per core)"
+    )
     compile: bool | str = option(
         "auto",
         choices=(False, True, "auto"),

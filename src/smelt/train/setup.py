@@ -261,3 +261,11 @@ def memory_mb(device: torch.device) -> float | None:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     except ImportError:  # not on POSIX
         return None
+
+
+def torch_threads() -> int:
+    """train.threads = 0: OMP_NUM_THREADS where set (torchrun sets 1 per process, a test runner one per
+    worker), else one per core. Threads that add up to more than the cores slow each other far more than
+    their share."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)

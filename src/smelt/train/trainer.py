@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -76,6 +75,7 @@ from smelt.train.setup import (
     read_vocab_size,
     resolve_device,
     set_deterministic,
+    torch_threads,
 )
 from smelt.train.speed import training_forward
 from smelt.train.spike_watch import SpikeTriage
@@ -193,7 +193,7 @@ class Trainer:
         self.sharded = ctx.distributed and (tc.parallel == "fsdp" or self.mesh.tensor_parallel)
         self.plan = plan = batch_plan(tc, self.mesh.layout.dp)
         self.precision = resolve_precision(tc.precision, device)
-        torch.set_num_threads(tc.threads or os.cpu_count() or 1)
+        torch.set_num_threads(tc.threads or torch_threads())
         self.vocab_size = vocab_size = read_vocab_size(tokenizer_dir)
         if not has_tokens(tokens_dir / "train"):
             raise UserError(
