@@ -16,7 +16,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "smelt"
 # anything, and nothing imports them.
 LAYERS = [
     {"errors"},
-    {"jsonl", "documents", "chat_template", "layout", "executors", "progress", "arguments", "metric_records"},
+    {
+        "jsonl",
+        "documents",
+        "chat_template",
+        "layout",
+        "executors",
+        "progress",
+        "arguments",
+        "metric_records",
+        "canaries",
+    },
     {"benchmark_files"},
     {"config", "manifest", "lifecycle"},
     {"summary"},
