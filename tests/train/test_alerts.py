@@ -86,6 +86,8 @@ def test_non_finite_figures_never_join_the_baseline():
     assert [a.kind for a in monitor.check(3.5, 1.0)] == ["loss_spike"]
 
 
+# The spikes below are planted by patching this process's forward, which a replay in a side process would
+# not see: their triage (tests/train/test_spike_triage*.py) is off.
 def spike_at(monkeypatch, steps: set[int], micro_per_step: int, factor: float = 100.0) -> None:
     """Multiply the loss by `factor` during the given optimizer steps (counted through forward calls)."""
     real_forward = Transformer.forward
@@ -107,7 +109,12 @@ def test_grad_spike_is_skipped(data, tmp_path, monkeypatch, capsys):  # noqa: F8
     tokens, tokenizer = data
     spike_at(monkeypatch, {7}, micro_per_step=2)
     monkeypatch.delenv("SMELT_QUIET", raising=False)
-    summary = train(tiny_config(alert_min_history=3, eval_every=0), tokens, tokenizer, tmp_path / "run")
+    summary = train(
+        tiny_config(alert_min_history=3, eval_every=0, spike_triage="off"),
+        tokens,
+        tokenizer,
+        tmp_path / "run",
+    )
     err = capsys.readouterr().err
     assert "warning: step 7 skipped (its update was dropped): grad norm" in err
     assert (
@@ -124,7 +131,7 @@ def test_grad_spike_is_skipped(data, tmp_path, monkeypatch, capsys):  # noqa: F8
 def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch, capsys):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {6}, micro_per_step=2)
-    cfg = tiny_config(alert_min_history=3, eval_every=0, on_loss_spike="rollback")
+    cfg = tiny_config(alert_min_history=3, eval_every=0, on_loss_spike="rollback", spike_triage="off")
     monkeypatch.delenv("SMELT_QUIET", raising=False)
     summary = train(cfg, tokens, tokenizer, tmp_path / "run")
     err = capsys.readouterr().err
@@ -142,7 +149,9 @@ def test_loss_spike_rolls_back_and_skips_the_window(data, tmp_path, monkeypatch,
 def test_rollback_without_a_checkpoint_falls_back_to_skip(data, tmp_path, monkeypatch):  # noqa: F811
     tokens, tokenizer = data
     spike_at(monkeypatch, {3}, micro_per_step=2)
-    cfg = tiny_config(alert_min_history=1, eval_every=0, on_loss_spike="rollback", tokens=256 * 4)
+    cfg = tiny_config(
+        alert_min_history=1, eval_every=0, on_loss_spike="rollback", tokens=256 * 4, spike_triage="off"
+    )
     summary = train(cfg, tokens, tokenizer, tmp_path / "run")
     lines = read_metrics(tmp_path / "run")
     assert any("no checkpoint to roll back to" in r.get("message", "") for r in lines)
