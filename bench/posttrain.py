@@ -45,7 +45,7 @@ def smelt(*argv: str) -> None:
         # Until the command module is listed in smelt.cli, parse with the module's own parsers.
         import argparse
 
-        from smelt.posttrain.commands import add_parsers
+        from smelt.cli.posttrain import add_parsers
 
         parser = argparse.ArgumentParser(prog="smelt")
         add_parsers(parser.add_subparsers(dest="command"))

@@ -45,8 +45,8 @@ def compare(a: Path, b: Path, ignore: frozenset[str] = frozenset()) -> int:
 
 
 def train(run: Path, out: Path, tokens: int, extra: list[str]) -> int:
+    from smelt.cli.pipeline import QUICKSTART_CONFIG
     from smelt.config import load_config
-    from smelt.pipeline_commands import QUICKSTART_CONFIG
     from smelt.train.trainer import train as train_model
 
     overrides = [f"train.tokens={tokens}", "train.eval_every=20", "train.eval_tokens=8192",

@@ -6,7 +6,7 @@ import xml.dom.minidom
 
 import pytest
 
-from smelt.plan import commands
+from smelt.cli import plan as commands
 
 CHINCHILLA_CSV = "scaling/chinchilla_epoch_replication/svg_extracted_data.csv"
 

@@ -36,7 +36,7 @@ def test_unknown_key_and_out_of_range_value_name_the_key(tmp_path):
 def test_building_the_parser_does_not_import_torch():
     code = (
         "import argparse, sys\n"
-        "from smelt.posttrain.commands import add_parsers\n"
+        "from smelt.cli.posttrain import add_parsers\n"
         "p = argparse.ArgumentParser(); add_parsers(p.add_subparsers(dest='command'))\n"
         "p.parse_args(['posttrain', 'run', 'x.toml'])\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
@@ -45,7 +45,7 @@ def test_building_the_parser_does_not_import_torch():
 
 
 def _parse(argv):
-    from smelt.posttrain.commands import add_parsers
+    from smelt.cli.posttrain import add_parsers
 
     parser = argparse.ArgumentParser()
     add_parsers(parser.add_subparsers(dest="command"))

@@ -267,7 +267,7 @@ def test_eval_defaults_to_the_addition_digits_the_lineage_trained_on(tmp_path):
     texts, unchecked = lineage_training_texts(lineage_configs(grpo))
     assert len(unchecked) == 2 and "written before stages split their data" in unchecked[1]
     assert "data file x does not exist" in unchecked[0]
-    from smelt.posttrain.commands import add_parsers
+    from smelt.cli.posttrain import add_parsers
 
     parser = argparse.ArgumentParser()
     add_parsers(parser.add_subparsers(dest="command"))

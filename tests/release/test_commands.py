@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from smelt.cli import release as commands
 from smelt.errors import UserError
-from smelt.release import commands
 
 pytestmark = pytest.mark.slow  # the module starts a heavy shared fixture
 

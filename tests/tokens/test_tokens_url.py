@@ -79,7 +79,7 @@ def test_smelt_tokenize_publish_sends_the_run_tokens_with_the_manifests_last(tmp
         (tokens / rel).parent.mkdir(parents=True, exist_ok=True)
         (tokens / rel).write_text(rel)
     # the stage itself is tested elsewhere: here it is up to date
-    monkeypatch.setattr("smelt.pipeline_commands.run_stage_command", lambda *args, **kw: 0)
+    monkeypatch.setattr("smelt.cli.pipeline.run_stage_command", lambda *args, **kw: 0)
     memory = type(fsspec.filesystem("memory"))
     put_file = memory.put_file
     uploads: list[str] = []

@@ -16,7 +16,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Loaded on first use, so that `smelt.checkpoint.commands` builds its parsers without torch.
+    # Loaded on first use, so that `smelt.cli.checkpoint` builds its parsers without torch.
     if name in __all__:
         from smelt.checkpoint import store
 

@@ -460,3 +460,28 @@ def recommend(
         if bubble > 0.1:
             rec.warnings.append(f"pipeline bubble {100 * bubble:.0f}%: raise the global batch or lower PP.")
     return rec
+
+
+def given_layout(
+    tp: int | None,
+    pp: int | None,
+    dp: int | None,
+    gpus: int | None,
+    zero: int | None,
+    recompute: str,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    sequence_parallel: bool = True,
+) -> Layout:
+    """The layout of degrees a user names (`smelt plan memory --tp --pp --dp`): DP fills --gpus when not
+    given, ZeRO-1 under data parallelism unless set, 4 micro batches per pipeline stage."""
+    tp, pp = tp or 1, pp or 1
+    if not dp and gpus:
+        if gpus % (tp * pp):
+            raise UserError(f"--gpus {gpus} is not divisible by --tp x --pp = {tp * pp}.")
+        dp = gpus // (tp * pp)
+    dp = dp or 1
+    return Layout(tp=tp, pp=pp, dp=dp, zero=(1 if dp > 1 else 0) if zero is None else zero, recompute=recompute,
+                  micro_batch=micro_batch, seq_len=seq_len, microbatches=4 * pp if pp > 1 else 1,
+                  precision=precision, sequence_parallel=sequence_parallel)  # fmt: skip

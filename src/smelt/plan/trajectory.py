@@ -241,7 +241,7 @@ def target_curves(args: Any) -> CurvePoints:
 def parse_target(text: str, params: str = "non_embedding") -> tuple[float, float]:
     """`--target N,D`, or a pipeline config: its model's parameters (with the base run's vocabulary)
     and its train.tokens."""
-    from smelt.arguments import number_pair
+    from smelt.numbers import number_pair
 
     if Path(text).is_file():
         from smelt.config import load_config

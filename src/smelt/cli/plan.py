@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from smelt.arguments import group, number, number_list, number_pair
+from smelt.cli.arguments import group
+from smelt.cli.rehearse import add_rehearse_parser
 from smelt.errors import UserError
-from smelt.rehearse import add_rehearse_parser
+from smelt.numbers import number, number_list, number_pair
 from smelt.summary import print_table
 
 
@@ -247,7 +248,7 @@ def _model_shape(args: argparse.Namespace) -> tuple[Any, int]:
 def _memory(args: argparse.Namespace) -> int:
     from smelt.plan.budget import GPUS
     from smelt.plan.layout_keys import print_train_keys
-    from smelt.plan.memory import GB, Cluster, Layout, memory, model_state_bytes, recommend
+    from smelt.plan.memory import GB, Cluster, given_layout, memory, model_state_bytes, recommend
     from smelt.plan.memory_table import alternatives_table, memory_rows
 
     shape, default_seq = _model_shape(args)
@@ -303,29 +304,8 @@ def _memory(args: argparse.Namespace) -> int:
             print(f"\nwarning: {warning}")
         _write_json(args.json_out, {"model": shape.__dict__, **rec.to_dict(), **keys})
         return 0
-    tp, pp = args.tp or 1, args.pp or 1
-    if args.dp:
-        dp = args.dp
-    elif args.gpus:
-        if args.gpus % (tp * pp):
-            raise UserError(f"--gpus {args.gpus} is not divisible by --tp x --pp = {tp * pp}.")
-        dp = args.gpus // (tp * pp)
-    else:
-        dp = 1
-    zero = (1 if dp > 1 else 0) if args.zero is None else args.zero
-    microbatches = 4 * pp if pp > 1 else 1
-    layout = Layout(
-        tp=tp,
-        pp=pp,
-        dp=dp,
-        zero=zero,
-        recompute=args.recompute,
-        micro_batch=args.micro_batch,
-        seq_len=seq_len,
-        microbatches=microbatches,
-        precision=args.precision,
-        sequence_parallel=not args.no_sequence_parallel,
-    )
+    layout = given_layout(args.tp, args.pp, args.dp, args.gpus, args.zero, args.recompute, args.micro_batch,
+                          seq_len, args.precision, sequence_parallel=not args.no_sequence_parallel)  # fmt: skip
     mem = memory(shape, layout, args.overhead_gb)
     rows += memory_rows(mem)
     usable = capacity * (1 - args.headroom)
@@ -428,41 +408,27 @@ def _ladder(args: argparse.Namespace) -> int:
             L.prepare_rung(cfg, rung)
         print(f"prepared {len(rungs)} rung directories (links to {cfg.run_dir}'s data stages)")
     elif args.emit:
-        out = L.ladder_dir(cfg)
-        commands = L.data_commands(args.config, args.overrides) + L.train_commands(
-            cfg, args.config, args.overrides, rungs, args.gpus_per_run, args.gpus_per_node
-        )
-        commands.append(f"smelt scaling fit {out}")
-        (out / "commands.sh").write_text("#!/bin/bash\nset -euo pipefail\n" + "\n".join(commands) + "\n")
-        print(f"\nwritten: {out / 'commands.sh'}")
-        if args.emit == "slurm":
-            (out / "slurm.sh").write_text(
-                L.slurm_script(cfg, args.config, args.overrides, rungs, args.gpus_per_run, args.gpus_per_node)
-            )
-            print(f"written: {out / 'slurm.sh'} (sbatch after the first four lines of commands.sh)")
+        from smelt.plan.ladder_run import emit_scripts
+
+        written = emit_scripts(cfg, args.config, args.overrides, rungs, args.gpus_per_run, args.gpus_per_node,
+                               slurm=args.emit == "slurm")  # fmt: skip
+        print(f"\nwritten: {written[0]}")
+        if len(written) > 1:
+            print(f"written: {written[1]} (sbatch after the first four lines of commands.sh)")
     elif args.run:
         from smelt.pipeline import run_stage
+        from smelt.plan.ladder_run import MIN_RUNS_TO_FIT, run_and_fit
+        from smelt.plan.scaling import report_text
 
-        results = L.run_ladder(cfg, rungs, run_stage, force=args.force)
+        plan = {"config": str(args.config), "overrides": list(args.overrides), "vocab_size": vocab}
+        results, report = run_and_fit(cfg, rungs, plan, run_stage, args.force, args.bootstrap, args.isoflop)
         warnings = L.ladder_warnings(rungs, L.available_train_tokens(cfg), args.isoflop)
         print(L.results_table(results))
-        L.write_plan(cfg, rungs, {"config": str(args.config), "overrides": list(args.overrides),
-                                  "vocab_size": vocab, "results": results})  # fmt: skip
-        if len(results) >= 5:
-            from smelt.plan.points import read_runs
-            from smelt.plan.scaling import report_text, scaling_fit
-
-            points = read_runs([L.ladder_dir(cfg)])
-            report = scaling_fit(
-                points,
-                L.ladder_dir(cfg) / "scaling_fit",
-                bootstrap_samples=args.bootstrap,
-                isoflop=args.isoflop,
-            )
+        if report is not None:
             print()
             print(report_text(report))
         else:
-            print("\nfewer than 5 runs: not enough for a 5-parameter fit of L(N, D).")
+            print(f"\nfewer than {MIN_RUNS_TO_FIT} runs: not enough for a 5-parameter fit of L(N, D).")
     for warning in warnings:
         print(f"\nwarning: {warning}")
     print(f"\nwritten: {plan_path}")

@@ -1,7 +1,7 @@
-"""Argument definitions shared by the command modules (`src/smelt/<package>/commands.py`).
+"""Argument definitions shared by the command modules (`src/smelt/cli/<area>.py`).
 
-Every package that owns commands exposes `add_parsers(subparsers)`; `smelt.cli` calls them in the
-order of its COMMAND_MODULES. The helpers here keep the common flags (`--set`, `--force`) spelled the
+Every command module exposes `add_parsers(subparsers)`; `smelt.cli` calls them in the order of its
+COMMAND_MODULES. The helpers here keep the common flags (`--set`, `--force`) spelled the
 same everywhere, and let two packages put verbs under one word (`smelt inspect documents` from data,
 `smelt inspect shards` from tokens). Only argparse is imported: building the parser must stay cheap.
 """
@@ -9,7 +9,6 @@ same everywhere, and let two packages put verbs under one word (`smelt inspect d
 from __future__ import annotations
 
 import argparse
-import re
 
 
 def add_common(parser: argparse.ArgumentParser, force: bool = True) -> None:
@@ -50,29 +49,3 @@ def group(
         parser = subparsers.add_parser(name, help=help, description=description)
         return parser.add_subparsers(dest=dest, metavar=metavar, required=True)
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-
-
-_SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12, "P": 1e15}
-
-
-def number(text: str) -> float:
-    """A float that may use _ separators or a k/M/B/T suffix: 5e5, 500_000, 2T, 1.5B."""
-    cleaned = text.strip().replace("_", "").replace(",", "")
-    match = re.fullmatch(r"([-+0-9.eE]+)([kKMBGTP]?)", cleaned)
-    try:
-        if not match:
-            raise ValueError(text)
-        return float(match.group(1)) * _SUFFIX.get(match.group(2), 1.0)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number (e.g. 5e5, 500_000, 2T)") from None
-
-
-def number_list(text: str) -> list[float]:
-    return [number(x) for x in text.split(",") if x.strip()]
-
-
-def number_pair(text: str) -> tuple[float, float]:
-    parts = text.split(",")
-    if len(parts) != 2:
-        raise argparse.ArgumentTypeError(f"{text!r} must be N,D, e.g. 7e9,1.4e11")
-    return number(parts[0]), number(parts[1])

@@ -8,10 +8,10 @@ import json
 import time
 from pathlib import Path
 
-from smelt.arguments import add_common, add_config_args
+from smelt.cli.arguments import add_common, add_config_args
 from smelt.config import Config, load_config
 
-QUICKSTART_CONFIG = Path(__file__).resolve().parent / "configs" / "quickstart.toml"
+QUICKSTART_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "quickstart.toml"
 
 
 def add_fork_and_restart_args(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from smelt.arguments import add_common, add_config_args, group
+from smelt.cli.arguments import add_common, add_config_args, group
 from smelt.errors import UserError
 
 
@@ -70,7 +70,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from smelt.pipeline_commands import run_stage_command
+    from smelt.cli.pipeline import run_stage_command
 
     return run_stage_command("tokenizer", args.config, args.overrides, args.force)
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from smelt.arguments import add_config_args
+from smelt.cli.arguments import add_config_args
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +30,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_inspect_parsers(looks: argparse._SubParsersAction) -> None:
-    """`smelt inspect documents` (smelt.inspect_commands gathers the verbs)."""
+    """`smelt inspect documents` (smelt.cli.inspection gathers the verbs)."""
     p = looks.add_parser(
         "documents",
         help="read kept, dropped or quarantined documents with reasons and scores",
@@ -67,7 +67,7 @@ def verb_parsers() -> dict[tuple[str, ...], argparse.ArgumentParser]:
 
 
 def _curate(args: argparse.Namespace) -> int:
-    from smelt.pipeline_commands import run_stage_command
+    from smelt.cli.pipeline import run_stage_command
 
     overrides = list(args.overrides)
     if args.workers is not None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from smelt.arguments import add_config_args
+from smelt.cli.arguments import add_config_args
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
-    from smelt.pipeline_commands import add_fork_and_restart_args
+    from smelt.cli.pipeline import add_fork_and_restart_args
 
     p = subparsers.add_parser(
         "train",
@@ -76,7 +76,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from smelt.pipeline_commands import run_stage_command, with_init_from
+    from smelt.cli.pipeline import run_stage_command, with_init_from
 
     overrides = with_init_from(args.overrides, args.init_from)
     if args.check:

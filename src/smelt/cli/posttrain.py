@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from smelt.arguments import add_common, group
+from smelt.cli.arguments import add_common, group
 from smelt.errors import UserError
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from smelt.arguments import add_common
+from smelt.cli.arguments import add_common
 from smelt.config import Config
 from smelt.errors import UserError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from smelt.arguments import add_config_args
+from smelt.cli.arguments import add_config_args
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -27,7 +27,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_inspect_parsers(looks: argparse._SubParsersAction) -> None:
-    """`smelt inspect shards` and `smelt inspect batches` (smelt.inspect_commands gathers the verbs)."""
+    """`smelt inspect shards` and `smelt inspect batches` (smelt.cli.inspection gathers the verbs)."""
     p = looks.add_parser(
         "shards",
         help="decode a window of a token shard with document boundaries marked",
@@ -60,7 +60,7 @@ def add_inspect_parsers(looks: argparse._SubParsersAction) -> None:
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from smelt.pipeline_commands import run_stage_command
+    from smelt.cli.pipeline import run_stage_command
 
     overrides = list(args.overrides)
     if args.workers is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from smelt.arguments import group
+from smelt.cli.arguments import group
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:

@@ -8,9 +8,9 @@ import argparse
 import json
 from pathlib import Path
 
-from smelt.data.commands import add_inspect_parsers as add_document_verbs
+from smelt.cli.data import add_inspect_parsers as add_document_verbs
+from smelt.cli.tokens import add_inspect_parsers as add_token_verbs
 from smelt.data.langid import BACKENDS as LANGID_BACKENDS
-from smelt.tokens.commands import add_inspect_parsers as add_token_verbs
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:

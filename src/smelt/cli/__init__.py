@@ -25,26 +25,26 @@ import time
 import traceback
 from collections.abc import Iterator, Sequence
 
+from smelt.cli.pipeline import QUICKSTART_CONFIG
 from smelt.errors import UserError
-from smelt.pipeline_commands import QUICKSTART_CONFIG
 from smelt.progress import launch_rank
 from smelt.train.watchdog import STOPPED_EXIT_CODE, StopRequested, die_with_parent, launched
 
 # In the order `smelt --help` lists their commands.
 COMMAND_MODULES = (
-    "smelt.pipeline_commands",
-    "smelt.data.commands",
-    "smelt.tokenizer.commands",
-    "smelt.tokens.commands",
-    "smelt.train.commands",
-    "smelt.spike_commands",
-    "smelt.checkpoint.commands",
-    "smelt.inspect_commands",
-    "smelt.plan.commands",
-    "smelt.report.commands",
-    "smelt.eval.commands",
-    "smelt.posttrain.commands",
-    "smelt.release.commands",
+    "smelt.cli.pipeline",
+    "smelt.cli.data",
+    "smelt.cli.tokenizer",
+    "smelt.cli.tokens",
+    "smelt.cli.train",
+    "smelt.cli.spikes",
+    "smelt.cli.checkpoint",
+    "smelt.cli.inspection",
+    "smelt.cli.plan",
+    "smelt.cli.report",
+    "smelt.cli.eval",
+    "smelt.cli.posttrain",
+    "smelt.cli.release",
 )
 RANK_0_GRACE_S = 10.0  # how long other ranks wait for rank 0 to report bad input (see _wait_for_rank_0)
 
@@ -239,7 +239,3 @@ def _reports_bad_input(rank: int) -> bool:
 
 def _dispatch(args: argparse.Namespace) -> int:
     return args.func(args)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
