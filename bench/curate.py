@@ -26,8 +26,8 @@ from common import write_result
 from smelt.config import load_config
 from smelt.data.curate import build_steps
 from smelt.data.executor import read_shard
+from smelt.data.ingest.readers import ReadSpec
 from smelt.data.ledger import Ledger
-from smelt.data.readers import ReadSpec
 from smelt.data.sources import resolve_all
 from smelt.data.split import Split, forced_units
 from smelt.data.steps import DocStep

@@ -13,7 +13,7 @@ Quality, on two sets with references written by others:
   trafilatura's tests/comparison.py counts them.
 Speed (best of 3 runs, one process): pages/s and MB/s (raw HTML bytes) of decoding + extraction on the
 scrapinghub pages, and `read_warc` end to end on the shared WARC files (HTML records/s, compressed MB/s).
-Every extractor runs through smelt.data.extract, i.e. with the settings curation uses; the row
+Every extractor runs through smelt.data.ingest.extract, i.e. with the settings curation uses; the row
 `trafilatura_fallback` is trafilatura with its fallback extractors on (`fast=False`, its default), to
 show what the `fast=True` that smelt uses costs in quality.
 """
@@ -32,10 +32,10 @@ from pathlib import Path
 
 from common import write_result
 
-from smelt.data.extract import EXTRACTORS, decode_html, extractor
+from smelt.data.ingest.extract import EXTRACTORS, decode_html, extractor
+from smelt.data.ingest.readers import ReadSpec
+from smelt.data.ingest.web import read_warc
 from smelt.data.ledger import Ledger
-from smelt.data.readers import ReadSpec
-from smelt.data.web import read_warc
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("SMELT_SHARED_DATA", ROOT.parent / "shared" / "data"))

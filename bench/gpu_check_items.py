@@ -386,7 +386,7 @@ def fsdp_1gpu(ctx: Context) -> dict[str, Any]:
     for label in ("plain", "fsdp2"):
         torch.manual_seed(0)
         model = Transformer(cfg, vocab).to(device)
-        if label == "fsdp2":  # as train/distributed.py's wrap_model: each block, then the root
+        if label == "fsdp2":  # as train/parallel/distributed.py's wrap_model: each block, then the root
             for block in model.blocks:
                 fully_shard(block)
             fully_shard(model)

@@ -30,7 +30,7 @@ from smelt.config import config_from_dict
 from smelt.model import moe as moe_module
 from smelt.model.moe import MoE, grouped_swiglu
 from smelt.model.transformer import Transformer, doc_ids_from_tokens, position_ids_from_doc_ids
-from smelt.train.host_memory import keep_freed_host_memory
+from smelt.train.ops.host_memory import keep_freed_host_memory
 from smelt.train.optim import build_optimizer
 
 VOCAB, BATCH, SEQ = 4096, 8, 256

@@ -205,7 +205,7 @@ def accepted(raw: dict, procs: int) -> str | None:
     """None when `smelt train --check`'s layout check accepts the keys on `procs` processes, else why not."""
     from smelt.config import config_from_dict
     from smelt.errors import ConfigError
-    from smelt.train.mesh import check_layout_keys
+    from smelt.train.parallel.mesh import check_layout_keys
 
     raw = {**raw, "train": {**raw["train"], "data_parallel": procs // model_parallel(raw["train"])}}
     try:

@@ -22,7 +22,7 @@ from common import write_result
 
 from smelt.config import config_from_dict
 from smelt.model.transformer import Transformer, doc_ids_from_tokens, position_ids_from_doc_ids
-from smelt.train.host_memory import keep_freed_host_memory
+from smelt.train.ops.host_memory import keep_freed_host_memory
 from smelt.train.optim import build_optimizer
 
 # Op name (substring of the profiler's key) -> group; the first match wins.

@@ -30,6 +30,7 @@ LAYERS = [
     },
     {"benchmark_files"},
     {"config", "manifest", "lifecycle"},
+    {"storage"},  # local paths and URLs of inputs and outputs (data, tokens and the pipeline use it)
     {"summary"},
     {"model"},
     {"data", "tokenizer"},
@@ -70,7 +71,7 @@ def _is_module(name: str) -> bool:
 
 
 def _imports(path: Path) -> set[str]:
-    """The smelt modules a file imports, lazily or not (`from smelt.data import web` is smelt.data.web)."""
+    """The smelt modules a file imports, lazily or not (`from smelt.data import review` is smelt.data.review)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):

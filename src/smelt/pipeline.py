@@ -93,7 +93,7 @@ def _stage_config(cfg: Config, stage: str) -> dict[str, Any]:
 def _stage_inputs(cfg: Config, stage: str) -> dict[str, str]:
     if stage == "curate":
         from smelt.data.curate import resolve_sources
-        from smelt.data.urls import StoreFile, listing_hash
+        from smelt.storage import StoreFile, listing_hash
 
         inputs = {}
         for source, files in resolve_sources(cfg.data).items():

@@ -18,9 +18,9 @@ from smelt.checkpoint.lineage import Parent, load_parent
 from smelt.checkpoint.store import load_training_state
 from smelt.config import config_from_dict
 from smelt.train import materialize
-from smelt.train.distributed import init_distributed, shutdown
-from smelt.train.mesh import mesh_for
 from smelt.train.optim import build_optimizer
+from smelt.train.parallel.distributed import init_distributed, shutdown
+from smelt.train.parallel.mesh import mesh_for
 
 
 def status_kb(field: str) -> int:

@@ -10,7 +10,7 @@ import pytest
 
 from smelt.config import SourceConfig
 from smelt.data.curate import curate
-from smelt.data.readers import ReadSpec, cut_points
+from smelt.data.ingest.readers import ReadSpec, cut_points
 
 
 def paragraphs(n: int, words: int = 60) -> str:

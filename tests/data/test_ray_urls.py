@@ -13,8 +13,8 @@ import pytest
 
 from smelt.config import DataConfig, SourceConfig
 from smelt.data.curate import curate
-from smelt.data.urls import mirror_dir
 from smelt.errors import UserError
+from smelt.storage import mirror_dir
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -161,7 +161,7 @@ def test_a_stores_files_key_the_curate_stage_by_their_listed_versions(speeches, 
 
 
 def test_a_store_file_gone_before_its_task_reads_it_is_a_user_error(tmp_path, monkeypatch):
-    from smelt.data.urls import task_local
+    from smelt.storage import task_local
 
     monkeypatch.setenv("SMELT_TEST_STORE", str(tmp_path))
     fsspec.register_implementation("teststore", FolderStore, clobber=True)

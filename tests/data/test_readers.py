@@ -6,11 +6,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from smelt.data import readers
+from smelt.data.ingest import readers
 from smelt.data.curate import resolve_sources
 from smelt.data.executor import read_shard
+from smelt.data.ingest.readers import ReadSpec, check_readable
 from smelt.data.ledger import Ledger
-from smelt.data.readers import ReadSpec, check_readable
 from smelt.data.split import split_hash
 from smelt.data.work_units import WorkShard, line_ranges, plan_shards
 from smelt.errors import UserError

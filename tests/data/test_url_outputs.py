@@ -14,8 +14,8 @@ import pytest
 
 from smelt.config import DataConfig, SourceConfig
 from smelt.data.curate import curate
-from smelt.data.urls import PUBLISHED, publish, staging_dir
 from smelt.errors import UserError
+from smelt.storage import PUBLISHED, publish, staging_dir
 
 pytestmark = pytest.mark.slow  # each test curates eight speeches (about half a second)
 

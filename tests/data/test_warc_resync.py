@@ -4,10 +4,10 @@ import gzip
 
 import pytest
 
+from smelt.data.ingest.readers import ReadSpec
+from smelt.data.ingest.warc import WarcError, iter_records
+from smelt.data.ingest.web import read_warc
 from smelt.data.ledger import Ledger
-from smelt.data.readers import ReadSpec
-from smelt.data.warc import WarcError, iter_records
-from smelt.data.web import read_warc
 
 RESPONSES = 21
 BAD = 8  # the response whose Content-Length is corrupted

@@ -8,13 +8,13 @@ import zlib
 import pyarrow.parquet as pq
 import pytest
 
-from smelt.data import readers
+from smelt.data.ingest import readers
 from smelt.data.curate import curate
-from smelt.data.extract import decode_html, extractor
+from smelt.data.ingest.extract import decode_html, extractor
+from smelt.data.ingest.readers import ReadSpec
+from smelt.data.ingest.warc import decode_body, iter_records, parse_http
+from smelt.data.ingest.web import read_html, read_warc
 from smelt.data.ledger import Ledger
-from smelt.data.readers import ReadSpec
-from smelt.data.warc import decode_body, iter_records, parse_http
-from smelt.data.web import read_html, read_warc
 from smelt.errors import UserError
 
 PARAGRAPHS = [

@@ -1,6 +1,6 @@
 """Acceptance (issue 23): a layout `smelt plan memory` recommends for a cluster, written into a config as
 the `[train]` keys it prints, is accepted by the check `smelt train --check` runs on the layout
-(train/mesh.py's check_layout_keys) for exactly the cluster's GPUs, and `smelt launch` lays it out on the
+(train/parallel/mesh.py's check_layout_keys) for exactly the cluster's GPUs, and `smelt launch` lays it out on the
 cluster's nodes with tensor parallelism inside a node.
 
 Models of billions of parameters are too big for the pilot checks that follow in `--check` (they build
@@ -14,7 +14,7 @@ import pytest
 
 from smelt.cli import main
 from smelt.config import load_config
-from smelt.train.mesh import check_layout_keys
+from smelt.train.parallel.mesh import check_layout_keys
 
 LLAMA_30B = (
     '[model]\npreset = "llama-7b"\nd_model = 6656\nn_layers = 60\nn_heads = 52\nn_kv_heads = 52\n'

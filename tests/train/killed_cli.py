@@ -10,7 +10,7 @@ import os
 import sys
 
 from smelt.cli import main
-from smelt.train.watchdog import Watchdog
+from smelt.train.ops.watchdog import Watchdog
 
 if __name__ == "__main__":
     kill_after, argv = int(sys.argv[1]), sys.argv[2:]

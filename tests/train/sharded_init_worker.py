@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from smelt.config import config_from_dict
 from smelt.train import materialize
-from smelt.train.distributed import init_distributed, shutdown
-from smelt.train.mesh import mesh_for
+from smelt.train.parallel.distributed import init_distributed, shutdown
+from smelt.train.parallel.mesh import mesh_for
 
 if __name__ == "__main__":
     config_path, out = sys.argv[1:3]

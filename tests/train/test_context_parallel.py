@@ -14,8 +14,8 @@ import torch
 from smelt.config import config_from_dict
 from smelt.errors import ConfigError
 from smelt.model.attention import dense_mask
-from smelt.train.context_parallel import chunk_positions, context_mask, gathered_positions
-from smelt.train.mesh import MeshLayout, check_layout_keys, layout_for
+from smelt.train.parallel.context import chunk_positions, context_mask, gathered_positions
+from smelt.train.parallel.mesh import MeshLayout, check_layout_keys, layout_for
 from smelt.train.trainer import train
 
 from .test_tensor_parallel import (  # noqa: F401 - the data and single fixtures
@@ -65,7 +65,7 @@ LOGITS_WORKER = textwrap.dedent(
     import torch.distributed as dist
     from smelt.config import ModelConfig
     from smelt.model.transformer import Transformer, position_ids_from_doc_ids
-    from smelt.train.context_parallel import ContextParallel
+    from smelt.train.parallel.context import ContextParallel
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)

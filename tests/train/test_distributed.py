@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from smelt.config import config_from_dict
-from smelt.train.distributed import rank_seed
+from smelt.train.parallel.distributed import rank_seed
 from smelt.train.trainer import train
 
 from .test_trainer import data, read_metrics  # noqa: F401 - the data fixture

@@ -23,8 +23,8 @@ from smelt.train.goodput import (
     straggler_alert,
 )
 from smelt.train.monitors import SUPERSEDED_METRICS
+from smelt.train.ops.watchdog import Watchdog
 from smelt.train.trainer import train
-from smelt.train.watchdog import Watchdog
 
 
 def test_percentile_interpolates_between_ranks():

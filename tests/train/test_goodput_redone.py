@@ -12,8 +12,8 @@ import pytest
 from helpers import write_token_data
 from smelt.train.goodput import STEP_MARKER, StepMarker, goodput
 from smelt.train.monitors import SUPERSEDED_METRICS
+from smelt.train.ops.watchdog import Watchdog
 from smelt.train.trainer import train
-from smelt.train.watchdog import Watchdog
 
 from .test_goodput import _config, _train, _write
 

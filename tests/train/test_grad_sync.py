@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from smelt.train.distributed import grad_sync
+from smelt.train.parallel.distributed import grad_sync
 
 
 class FSDPLike(nn.Module):

@@ -13,7 +13,7 @@ import torch
 
 from helpers import build_model, tiny_model_config
 from smelt.config import config_from_dict
-from smelt.train.host_memory import host_memory_note
+from smelt.train.ops.host_memory import host_memory_note
 from smelt.train.speed import training_forward
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -29,7 +29,7 @@ HUGE_PAGES_ALWAYS = THP.is_file() and "[always]" in THP.read_text()
 FAULTS = """
 import resource, sys, torch
 if sys.argv[1] == "keep":
-    from smelt.train.host_memory import keep_freed_host_memory
+    from smelt.train.ops.host_memory import keep_freed_host_memory
     assert keep_freed_host_memory()
 def touch():
     torch.ones(4096, 8192).sum()

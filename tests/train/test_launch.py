@@ -7,8 +7,8 @@ import pytest
 
 from smelt.cli import main
 from smelt.errors import UserError
-from smelt.train.launch import Cluster, nodes_spanned, placement_lines
-from smelt.train.mesh import MeshLayout
+from smelt.train.ops.launch import Cluster, nodes_spanned, placement_lines
+from smelt.train.parallel.mesh import MeshLayout
 
 CONFIG = """
 [run]

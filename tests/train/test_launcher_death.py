@@ -64,7 +64,7 @@ def test_a_launched_process_dies_with_its_parent():
     child_code = textwrap.dedent(
         """
         import time
-        from smelt.train.watchdog import die_with_parent, launched
+        from smelt.train.ops.watchdog import die_with_parent, launched
         assert launched()
         die_with_parent()
         print("armed", flush=True)

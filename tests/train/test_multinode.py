@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from smelt.train.launch import Cluster, torchrun_args
+from smelt.train.ops.launch import Cluster, torchrun_args
 
 from .test_distributed import losses, raw_config, run_two_processes
 from .test_trainer import data, read_metrics  # noqa: F401 - the data fixture

@@ -10,8 +10,8 @@ from smelt.config import config_from_dict
 from smelt.errors import ConfigError
 from smelt.model.transformer import Transformer
 from smelt.train.check import pilot_checks
-from smelt.train.mesh import MeshLayout, layout_for
-from smelt.train.pipeline_parallel import split_model, stage_layers
+from smelt.train.parallel.mesh import MeshLayout, layout_for
+from smelt.train.parallel.pipeline import split_model, stage_layers
 from smelt.train.trainer import train
 
 from .test_tensor_parallel import (

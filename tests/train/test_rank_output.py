@@ -19,7 +19,7 @@ import torch
 
 from smelt import progress
 from smelt.cli import main
-from smelt.train.distributed import DistContext, from_main
+from smelt.train.parallel.distributed import DistContext, from_main
 
 SENTENCE = (
     "the river carried salt and timber past the mill while the town slept under a grey sky and the "

@@ -16,9 +16,9 @@ from smelt.errors import UserError
 from smelt.report.run import load_run
 from smelt.report.sinks import export_tensorboard
 from smelt.train.monitors import SUPERSEDED_METRICS, supersede_after_resume
-from smelt.train.supervise import child_command, prepare_resume_from
+from smelt.train.ops.supervise import child_command, prepare_resume_from
+from smelt.train.ops.watchdog import Watchdog
 from smelt.train.trainer import train
-from smelt.train.watchdog import Watchdog
 
 STEPS = 10
 

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from smelt.cli import main
+from smelt.train.ops.watchdog import SIGNAL_EXIT_CODE, StopRequested
 from smelt.train.trainer import Trainer, train
-from smelt.train.watchdog import SIGNAL_EXIT_CODE, StopRequested
 
 from .test_rank_output import write_pipeline
 from .test_trainer import data, read_metrics, tiny_config  # noqa: F401 - the data fixture
@@ -107,7 +107,7 @@ def test_the_cli_prints_the_stop_and_exits_75(monkeypatch, capsys):
 HANGING = textwrap.dedent(
     """
     import os, signal, sys, time
-    from smelt.train.watchdog import StopSignals
+    from smelt.train.ops.watchdog import StopSignals
     with StopSignals(grace_s=float(sys.argv[1])):
         print("ready", flush=True)
         time.sleep(60)

@@ -13,7 +13,7 @@ import pytest
 
 from smelt.cli import build_parser, main
 from smelt.errors import UserError
-from smelt.train.supervise import STOPPED_EXIT_CODE, backoff_s, child_command, describe_exit, supervise
+from smelt.train.ops.supervise import STOPPED_EXIT_CODE, backoff_s, child_command, describe_exit, supervise
 
 # A fake training run: attempt k writes checkpoint step 10 k, then fails until attempt FAIL_UNTIL.
 CHILD = textwrap.dedent(

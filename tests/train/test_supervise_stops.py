@@ -10,7 +10,7 @@ from collections import namedtuple
 
 from smelt.cli import main
 from smelt.train.alerts import TrainingStopped
-from smelt.train.supervise import STOPPED_EXIT_CODE, describe_exit, supervise
+from smelt.train.ops.supervise import STOPPED_EXIT_CODE, describe_exit, supervise
 
 from .test_supervise import events, fake
 

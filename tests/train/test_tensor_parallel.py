@@ -14,7 +14,7 @@ import torch
 from smelt.checkpoint import load_model
 from smelt.config import Config, config_from_dict
 from smelt.errors import ConfigError
-from smelt.train.mesh import MeshLayout, layout_for
+from smelt.train.parallel.mesh import MeshLayout, layout_for
 from smelt.train.trainer import train
 
 from .test_trainer import data, read_metrics  # noqa: F401 - the data fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from smelt.train.distributed import attempt_name
+from smelt.train.parallel.distributed import attempt_name
 
 from .test_distributed import losses, raw_config
 from .test_trainer import data, read_metrics  # noqa: F401 - the data fixture

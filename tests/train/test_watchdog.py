@@ -6,12 +6,12 @@ import textwrap
 
 import pytest
 
-from smelt.train.watchdog import WATCHDOG_EXIT_CODE, Watchdog, format_all_stacks
+from smelt.train.ops.watchdog import WATCHDOG_EXIT_CODE, Watchdog, format_all_stacks
 
 PRELUDE = """
 import re, sys, threading, time
 from pathlib import Path
-from smelt.train.watchdog import Watchdog
+from smelt.train.ops.watchdog import Watchdog
 
 def loader_worker_loop():
     time.sleep(600)

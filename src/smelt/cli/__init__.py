@@ -10,7 +10,7 @@ Exit codes: 0 done, 1 failed while running, 2 bad input (config, paths, data) wi
 names the offending key, file or record and how to fix it, 3 a training run that stopped itself in a
 way a restart would repeat (an alert's "stop", too many skipped steps, non-finite weights), 75 a
 training run stopped by SIGTERM or SIGINT after committing a checkpoint (run the command again to go
-on), 124 the watchdog (train/watchdog.py), 130 interrupted elsewhere. A rank of torchrun, or the
+on), 124 the watchdog (train/ops/watchdog.py), 130 interrupted elsewhere. A rank of torchrun, or the
 child of `smelt train --max-restarts`, ends when its launcher does (watchdog.die_with_parent).
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from smelt.cli.pipeline import QUICKSTART_CONFIG
 from smelt.errors import UserError
 from smelt.progress import launch_rank
-from smelt.train.watchdog import STOPPED_EXIT_CODE, StopRequested, die_with_parent, launched
+from smelt.train.ops.watchdog import STOPPED_EXIT_CODE, StopRequested, die_with_parent, launched
 
 # In the order `smelt --help` lists their commands.
 COMMAND_MODULES = (

@@ -76,9 +76,9 @@ def _curate(args: argparse.Namespace) -> int:
     if code == 0 and args.publish:
         from smelt.config import load_config
         from smelt.data.curate import OWNED_OUTPUTS
-        from smelt.data.urls import publish
         from smelt.layout import stage_dir
         from smelt.manifest import MANIFEST
+        from smelt.storage import publish
 
         documents = stage_dir(load_config(args.config, overrides).run_dir, "curate")
         publish(documents, args.publish, "curate", OWNED_OUTPUTS, last=("stats.json", MANIFEST))

@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         return run_all(cfg, args.force, STAGES, restart=args.restart)
     # The stages before training here, training as a supervised child (relaunched from its latest
     # checkpoint after a crash), then the rest, which finds training done.
-    from smelt.train.supervise import run_supervised
+    from smelt.train.ops.supervise import run_supervised
 
     run_pipeline(cfg, STAGES[: STAGES.index("train")], force=args.force, restart=args.restart)
     code = run_supervised(
@@ -138,7 +138,7 @@ def run_stage_command(
     cfg = load_config(config, overrides)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
     if resume_from is not None:
-        from smelt.train.supervise import prepare_resume_from
+        from smelt.train.ops.supervise import prepare_resume_from
 
         prepare_resume_from(cfg, resume_from, restart=force or restart)
     outcome = run_stage(cfg, stage, force=force, restart=restart, check_upstream=True)

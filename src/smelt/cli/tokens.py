@@ -68,9 +68,9 @@ def _tokenize(args: argparse.Namespace) -> int:
     code = run_stage_command("tokenize", args.config, overrides, args.force)
     if code == 0 and args.publish:
         from smelt.config import load_config
-        from smelt.data.urls import publish
         from smelt.layout import stage_dir
         from smelt.manifest import MANIFEST
+        from smelt.storage import publish
         from smelt.tokens.shards import SHARDS_JSON, STATS_JSON
 
         tokens = stage_dir(load_config(args.config, overrides).run_dir, "tokenize")

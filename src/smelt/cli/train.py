@@ -84,7 +84,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume_from is not None and not (args.force or args.restart):
         _check_resume_from_finished(args.config, overrides, args.resume_from)
     if args.max_restarts:
-        from smelt.train.supervise import run_supervised
+        from smelt.train.ops.supervise import run_supervised
 
         return run_supervised(
             args.config,
@@ -160,7 +160,7 @@ def _anneal(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace) -> int:
     from smelt.config import load_config
-    from smelt.train.launch import Cluster, launch_text
+    from smelt.train.ops.launch import Cluster, launch_text
 
     cfg = load_config(args.config, args.overrides)
     cluster = Cluster(args.nodes, args.gpus_per_node)

@@ -43,13 +43,13 @@ from smelt.data.executor import iter_entries, iter_shard_docs, read_column, run_
 from smelt.data.filters import FILTER_STEPS, LengthFilter
 from smelt.data.filters.boilerplate import Boilerplate
 from smelt.data.ids import UniqueIds
+from smelt.data.ingest.readers import ReadSpec, check_readable
 from smelt.data.langid import LanguageId, check_declared_languages
 from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import Normalize
 from smelt.data.pii import Pii
 from smelt.data.plots import retention_svg
 from smelt.data.quality import QualityScore, top_fraction_cutoff
-from smelt.data.readers import ReadSpec, check_readable
 from smelt.data.sources import resolve_all
 from smelt.data.split import SPLITS, TEST, TRAIN, VAL, Split, check_units, forced_units
 from smelt.data.stats import (
@@ -61,12 +61,12 @@ from smelt.data.stats import (
     warning_text,
 )
 from smelt.data.steps import CorpusStep, Step, run_steps, split_at_first_corpus_step
-from smelt.data.urls import is_remote, local_path, publish, staging_dir
 from smelt.data.work_units import WorkShard, plan_shards, read_plan, write_plan
 from smelt.data.writer import QUARANTINE_DIR, PartWriter, clear_outputs, write_quarantine
 from smelt.executors import TaskExecutor, make_executor, start_method
 from smelt.manifest import write_json
 from smelt.progress import log, progress
+from smelt.storage import is_remote, local_path, publish, staging_dir
 
 WORK_DIR = "_work"
 MIN_SHARD_BYTES = 1 << 20
@@ -156,7 +156,7 @@ def curate(cfg: DataConfig, out_dir: Path | str) -> dict:
     """Run the curation; write documents; return the stats dict (also written to out_dir/stats.json).
     `out_dir` may be a file:// URL; the map tasks write under it, so on a cluster it is a path every node
     shares. A store's URL (s3://...) gets the documents from a staging directory under `data.url_cache`
-    (where the map tasks write), published when the run is done (data/urls.py)."""
+    (where the map tasks write), published when the run is done (storage.py)."""
     if is_remote(str(out_dir)):
         staging = staging_dir(cfg.url_cache, str(out_dir))
         log(f"curate: writing under {staging}, then to {out_dir}")

@@ -21,15 +21,15 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from smelt.data.ingest.readers import read_file
 from smelt.data.ledger import Doc, Ledger
 from smelt.data.read_spec import DECLARED_LANG, ReadSpec
-from smelt.data.readers import read_file
 from smelt.data.split import split_hash, unit_key
 from smelt.data.steps import DocStep, run_steps
-from smelt.data.urls import task_local
 from smelt.data.work_units import WorkShard
 from smelt.executors import TaskExecutor
 from smelt.progress import log, progress
+from smelt.storage import task_local
 
 MAP_SCHEMA = pa.schema(
     [

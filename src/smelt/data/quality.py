@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 
 from smelt.config import Config, DataConfig, SourceConfig
+from smelt.data.ingest.readers import ReadSpec, read_file
 from smelt.data.ledger import Doc, Ledger
 from smelt.data.normalize import normalize_text
-from smelt.data.readers import ReadSpec, read_file
 from smelt.data.sources import source_files
 from smelt.data.steps import DocStep
 from smelt.errors import ConfigError, UserError

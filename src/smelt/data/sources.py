@@ -10,8 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from smelt.config import DataConfig, SourceConfig
-from smelt.data.urls import StoreFile, local_source, store_files
 from smelt.errors import UserError
+from smelt.storage import StoreFile, local_source, store_files
 
 STDLIB = "{stdlib}"
 # Third-party packages live under the stdlib directory but are not the standard library.

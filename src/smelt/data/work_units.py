@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from smelt.data.readers import ReadSpec
+from smelt.data.ingest.readers import ReadSpec
 
 MAX_FILES_PER_SHARD = 1000
 SCAN_BLOCK = 1 << 24

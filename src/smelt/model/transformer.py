@@ -87,7 +87,7 @@ def position_ids_from_doc_ids(doc_ids: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class GatheredKV:
-    """Attention of a context-parallel rank (train/context_parallel.py): its queries are a part of the
+    """Attention of a context-parallel rank (train/parallel/context.py): its queries are a part of the
     sequence, and every layer gathers the keys and values of the whole sequence from the other ranks.
 
     `gather`: [B, H, T_local, hd] -> [B, H, T, hd] along the sequence, with autograd; `mask`: boolean

@@ -1,4 +1,4 @@
-"""A layout of `smelt plan memory` as the `[train]` keys that train it (train/mesh.py reads them)."""
+"""A layout of `smelt plan memory` as the `[train]` keys that train it (train/parallel/mesh.py reads them)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from smelt.plan.memory import Layout
 
 
 def train_keys(layout: Layout, global_batch_tokens: int) -> tuple[dict[str, Any], list[str]]:
-    """The `[train]` keys that train `layout` (see train/mesh.py), and the parts smelt cannot train yet
+    """The `[train]` keys that train `layout` (see train/parallel/mesh.py), and the parts smelt cannot train yet
     (none today: every layout the planner weighs has its keys).
 
     ZeRO 0 is train.parallel = "ddp"; ZeRO 1 to 3 are "fsdp": FSDP2 shards weights, gradients and

@@ -5,7 +5,7 @@ The model (per GPU, decimal GB):
   two moments 12 N (16 N in all); each divided by TP x PP for the layers a GPU holds, then by DP for the
   parts ZeRO shards (stage 1: optimizer state, 2: + gradients, 3 / FSDP: + weights);
 - gradients that ZeRO 2 and 3 shard are whole while micro batches accumulate: smelt's FSDP2 synchronises
-  on the last micro batch of a step only (train/distributed.py's grad_sync), so the others add into the
+  on the last micro batch of a step only (train/parallel/distributed.py's grad_sync), so the others add into the
   unsharded gradients, which are reduce-scattered at the end; with one micro batch they stay sharded;
 - under ZeRO 3, what FSDP2 gathers: the root unit of the stage (embedding, final norm, head: gathered
   for the forward and kept until the backward is done) and three blocks' weights (the block computing,

@@ -34,8 +34,8 @@ from smelt.checkpoint.store import load_training_state, prune_checkpoints, read_
 from smelt.config import hash_json
 from smelt.errors import UserError
 from smelt.progress import log, progress
+from smelt.train.ops.watchdog import StopRequested
 from smelt.train.schedule import Schedule
-from smelt.train.watchdog import StopRequested
 
 # Held-out figures logged at step 0, before any update; a resumed run reads them from its checkpoint.
 BEFORE = "before"

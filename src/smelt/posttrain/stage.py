@@ -41,10 +41,10 @@ from smelt.posttrain.data import Split
 from smelt.posttrain.loop import resume_point
 from smelt.progress import log
 from smelt.tokenizer.load import Tokenizer
-from smelt.train.distributed import DistContext, clip_grads_, device_for, env_world, global_grad_norm
-from smelt.train.host_memory import host_memory_note
 from smelt.train.monitors import MetricsLog, supersede_after_resume
+from smelt.train.ops.host_memory import host_memory_note
 from smelt.train.optim import build_optimizer, set_lr
+from smelt.train.parallel.distributed import DistContext, clip_grads_, device_for, env_world, global_grad_norm
 from smelt.train.precision import Precision, resolve_precision
 from smelt.train.schedule import Schedule
 
@@ -69,7 +69,7 @@ class Stage:
     tokens: int = 0  # tokens through the model's forward (training only), for tokens/s
     train_seconds: float = 0.0
     force: bool = False  # --force: begin() moves a previous run's train/ aside
-    host_memory: str = ""  # how freed host memory is handled (train/host_memory.py)
+    host_memory: str = ""  # how freed host memory is handled (train/ops/host_memory.py)
     ctx: DistContext = field(default_factory=lambda: DistContext(0, 1, 0, owns_group=False))
     resume_from: Path | None = None  # the checkpoint this run continues from (open_stage decides)
 
@@ -156,8 +156,8 @@ def load_policy(
         model = Transformer.for_loading(cfg, vocab, device)
         load_parent(parent, model, None, with_optimizer=False)  # type: ignore[arg-type]
         return model
-    from smelt.train.distributed import wrap_model
     from smelt.train.materialize import materialize
+    from smelt.train.parallel.distributed import wrap_model
 
     with torch.device("meta"):
         model = Transformer(cfg, vocab)
@@ -265,10 +265,10 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
     resolve_device(cfg.run.device)  # the user error for a missing CUDA device
     rank, world_size, local_rank = env_world()
     device = device_for(cfg.run.device, local_rank)
-    from smelt.train.distributed import init_distributed
+    from smelt.train.parallel.distributed import init_distributed
 
     ctx = init_distributed(device)
-    host_memory = host_memory_note(True, device.type)  # as pretraining's default: train/host_memory.py
+    host_memory = host_memory_note(True, device.type)  # as pretraining's default: train/ops/host_memory.py
     torch.manual_seed(cfg.run.seed)
     tokenizer = Tokenizer.load(parent.run_dir / "tokenizer")
     meta = read_meta(parent.checkpoint, verify=False)

@@ -31,11 +31,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from smelt.config import TokensConfig
-from smelt.data.urls import is_remote, local_path, publish, staging_dir
 from smelt.documents import open_part
 from smelt.errors import UserError
 from smelt.executors import ProcessPool, TaskExecutor, make_executor
 from smelt.progress import log, progress
+from smelt.storage import is_remote, local_path, publish, staging_dir
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokens.drop_list import DocFilter, write_dropped
 from smelt.tokens.shards import (
@@ -262,7 +262,7 @@ def tokenize(
     at the top) and special_text_documents. `workers` overrides `cfg.workers`.
     `out_dir` may be a file:// URL, or a store's URL (s3://...): then the shards are written to a staging
     directory under `url_cache` (default ~/.cache/smelt/urls), where a rerun resumes, and published to
-    the store (data/urls.py), `.done` markers after their shards and shards.json last.
+    the store (storage.py), `.done` markers after their shards and shards.json last.
     `drops`: the run's drop list (tokens/drop_list.py); its documents are left out and recorded in
     out_dir/dropped.jsonl.
     """

@@ -21,7 +21,7 @@ import torch
 
 from smelt.config import Config
 from smelt.model.transformer import Transformer
-from smelt.train.mesh import check_layout_keys
+from smelt.train.parallel.mesh import check_layout_keys
 from smelt.train.setup import read_vocab_size
 from smelt.train.trainer import train
 

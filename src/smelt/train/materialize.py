@@ -3,7 +3,7 @@ materialised and initialised shard by shard (torchtitan's order: meta init, para
 init_weights), with the values of the one-process build.
 
 Under FSDP2, tensor or pipeline parallelism every rank builds the model on the meta device (shapes, no
-storage), applies its layout (train/distributed.py's wrap_model: TP, PP, FSDP2), allocates only its
+storage), applies its layout (train/parallel/distributed.py's wrap_model: TP, PP, FSDP2), allocates only its
 own shards (`to_empty`), and then replays, from the run seed, the draws a CPU build makes: torch's
 default init of each layer as it is constructed (model/init.py's constructor_steps, discarded), then
 the model's own initialisation (`Transformer.init_steps`), draw by draw: each draw fills one full-size scratch tensor from the global CPU generator,
@@ -30,8 +30,8 @@ from smelt.model.moe import MoE
 from smelt.model.moe_parallel import setup_expert_parallel
 from smelt.model.rope import model_rope_table
 from smelt.model.transformer import Transformer, rotary_dim
-from smelt.train.distributed import DistContext, wrap_model
-from smelt.train.mesh import TrainMesh
+from smelt.train.parallel.distributed import DistContext, wrap_model
+from smelt.train.parallel.mesh import TrainMesh
 
 
 def builds_sharded(cfg: Any, ctx: DistContext, mesh: TrainMesh) -> bool:

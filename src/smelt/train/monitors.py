@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from smelt.model.transformer import IGNORE_INDEX, doc_ids_from_tokens, position_ids_from_doc_ids
-from smelt.train.collectives import all_reduce_sum
-from smelt.train.distributed import element_copies
+from smelt.train.parallel.collectives import all_reduce_sum
+from smelt.train.parallel.distributed import element_copies
 from smelt.train.precision import Precision
 
 SUPERSEDED_METRICS = "metrics.superseded.jsonl"

@@ -14,10 +14,10 @@ from smelt.manifest import write_json
 from smelt.model.flops import mfu
 from smelt.progress import log, progress
 from smelt.train.goodput import StepMarker, run_goodput, say_interval_hint
+from smelt.train.ops.watchdog import Watchdog
 from smelt.train.precision import peak_source
 from smelt.train.setup import last_logged_loss, write_run_manifest
 from smelt.train.trajectory import Expectation
-from smelt.train.watchdog import Watchdog
 
 
 def announce(t: Any) -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from smelt.config import config_from_dict
-from smelt.train.distributed import device_for, init_distributed, shutdown
 from smelt.train.optim import set_lr
+from smelt.train.parallel.distributed import device_for, init_distributed, shutdown
 from smelt.train.trainer import Trainer
 
 

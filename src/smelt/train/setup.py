@@ -19,7 +19,7 @@ from smelt.errors import ConfigError, UserError
 from smelt.manifest import write_json
 from smelt.train.alerts import AlertPolicy
 from smelt.train.batching import BatchPlan
-from smelt.train.distributed import DistContext, rank_seed
+from smelt.train.parallel.distributed import DistContext, rank_seed
 from smelt.train.schedule import Schedule, warmup_steps
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from smelt.train.host_memory import host_memory_note
+from smelt.train.ops.host_memory import host_memory_note
 
 # What one compile of a model costs and buys, by device type: the first compiled step's extra
 # seconds with an empty inductor cache, and the compiled step's speed over the eager one, by precision.

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from smelt.train.collectives import all_reduce_sum
-from smelt.train.distributed import clip_grads_, global_grad_norm, grad_sync
-from smelt.train.pipeline_parallel import PipelineModel
+from smelt.train.parallel.collectives import all_reduce_sum
+from smelt.train.parallel.distributed import clip_grads_, global_grad_norm, grad_sync
+from smelt.train.parallel.pipeline import PipelineModel
 from smelt.train.precision import Precision
 from smelt.train.step_tokens import add_source_rows, source_sums, step_token_counts
 

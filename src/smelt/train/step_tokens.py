@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from smelt.model.transformer import IGNORE_INDEX
-from smelt.train.collectives import all_reduce_sum
+from smelt.train.parallel.collectives import all_reduce_sum
 
 
 def step_token_counts(micro: Sequence[Any], group: Any = None) -> tuple[list[torch.Tensor], list[int], int]:

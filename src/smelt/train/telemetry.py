@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from smelt.train.collectives import all_reduce_sum
-from smelt.train.distributed import element_copies
 from smelt.train.monitors import UpdateRatioMonitor
+from smelt.train.parallel.collectives import all_reduce_sum
+from smelt.train.parallel.distributed import element_copies
 
 # The sampled forward's size: at most this many tokens, and at most this many logits ([rows, T, V]).
 SAMPLE_TOKENS = 8192

@@ -43,7 +43,14 @@ from smelt.model.flops import count_params, flops_conventions
 from smelt.model.moe import router_metrics, update_expert_bias
 from smelt.train.alerts import AlertDispatch, Decision, SpikeMonitor
 from smelt.train.batching import batch_plan
-from smelt.train.distributed import (
+from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
+from smelt.train.goodput import clock, timed
+from smelt.train.health import health_alerts
+from smelt.train.materialize import build_training_model
+from smelt.train.monitors import MetricsLog, supersede_after_resume
+from smelt.train.ops.watchdog import StopSignals, stop_on_signal
+from smelt.train.optim import build_optimizer, set_lr
+from smelt.train.parallel.distributed import (
     DistContext,
     device_for,
     env_world,
@@ -51,13 +58,7 @@ from smelt.train.distributed import (
     process_group,
     rank_seed,
 )
-from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
-from smelt.train.goodput import clock, timed
-from smelt.train.health import health_alerts
-from smelt.train.materialize import build_training_model
-from smelt.train.mesh import mesh_for
-from smelt.train.monitors import MetricsLog, supersede_after_resume
-from smelt.train.optim import build_optimizer, set_lr
+from smelt.train.parallel.mesh import mesh_for
 from smelt.train.precision import peak_flops, resolve_precision
 from smelt.train.records import announce, mfu_fields, summary
 from smelt.train.setup import (
@@ -81,7 +82,6 @@ from smelt.train.speed import training_forward
 from smelt.train.spike_watch import SpikeTriage
 from smelt.train.step import finish_grads, forward_backward
 from smelt.train.telemetry import telemetry_for
-from smelt.train.watchdog import StopSignals, stop_on_signal
 from smelt.train.window import Window
 
 
@@ -189,7 +189,9 @@ class Trainer:
         cfg, tc, ctx, device = self.cfg, self.tc, self.ctx, self.device
         tokens_dir, tokenizer_dir = self.tokens_dir, self.tokenizer_dir
         self.rank, self.world_size = ctx.rank, ctx.world_size
-        self.mesh = mesh_for(cfg, ctx.rank, ctx.world_size, device)  # TP ranks share rows: train/mesh.py
+        self.mesh = mesh_for(
+            cfg, ctx.rank, ctx.world_size, device
+        )  # TP ranks share rows: train/parallel/mesh.py
         self.sharded = ctx.distributed and (tc.parallel == "fsdp" or self.mesh.tensor_parallel)
         self.plan = plan = batch_plan(tc, self.mesh.layout.dp)
         self.precision = resolve_precision(tc.precision, device)

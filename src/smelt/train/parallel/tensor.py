@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from smelt.train.mesh import TrainMesh
+from smelt.train.parallel.mesh import TrainMesh
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:

@@ -58,7 +58,7 @@ def _decoded(
 def check_readable(spec: ReadSpec, files: list[Path]) -> None:
     """Fail early on inputs this installation cannot read at all."""
     if spec.format in ("html", "warc"):
-        from smelt.data.extract import extractor
+        from smelt.data.ingest.extract import extractor
 
         extractor(spec.extractor)  # raises UserError naming the package to install
     if spec.format == "jsonl" and importlib.util.find_spec("zstandard") is None:
@@ -99,7 +99,7 @@ def read_file(
 
 def _reader(fmt: str):
     if fmt in ("html", "warc"):
-        from smelt.data import web
+        from smelt.data.ingest import web
 
         return web.read_html if fmt == "html" else web.read_warc
     return {"text": _read_text, "jsonl": _read_jsonl, "parquet": _read_parquet}[fmt]

@@ -47,7 +47,7 @@ from smelt.checkpoint.store import (
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.progress import log
-from smelt.train.watchdog import SIGNAL_EXIT_CODE, STOPPED_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
+from smelt.train.ops.watchdog import SIGNAL_EXIT_CODE, STOPPED_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
 
 RESTARTS_LOG = "restarts.jsonl"
 DEFAULT_BACKOFF_S = 5.0

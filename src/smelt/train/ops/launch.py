@@ -2,7 +2,7 @@
 CONFIG on a cluster of that shape, after checking its `[train]` mesh keys against N x G processes.
 
 torchrun gives the ranks of one node consecutive numbers (node k runs ranks k G to k G + G - 1), and the
-mesh is laid out row-major over MESH_DIMS with "tp" innermost (train/mesh.py). So a dimension's groups
+mesh is laid out row-major over MESH_DIMS with "tp" innermost (train/parallel/mesh.py). So a dimension's groups
 stay inside a node exactly when its ranks fall into one block of G; the launch says, per dimension,
 whether its traffic stays on the node's own links (NVLink) or crosses the network, and warns when
 tensor parallelism (an exchange inside every layer) crosses it.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.train.batching import batch_plan
-from smelt.train.mesh import MESH_DIMS, MeshLayout, layout_for
+from smelt.train.parallel.mesh import MESH_DIMS, MeshLayout, layout_for
 
 DEFAULT_PORT = 29500
 

@@ -37,11 +37,11 @@ import torch.distributed as dist
 from torch import nn
 
 from smelt.errors import ConfigError
-from smelt.train.collectives import all_reduce_sum
-from smelt.train.watchdog import die_with_parent, launched
+from smelt.train.ops.watchdog import die_with_parent, launched
+from smelt.train.parallel.collectives import all_reduce_sum
 
 if TYPE_CHECKING:
-    from smelt.train.mesh import TrainMesh
+    from smelt.train.parallel.mesh import TrainMesh
 
 MODES = ("ddp", "fsdp")
 
@@ -203,15 +203,15 @@ def wrap_model(
     if not ctx.distributed:
         return model
     if mesh is not None and mesh.layout.pp > 1:  # stages of layers over "pp": pipeline_parallel.py
-        from smelt.train.pipeline_parallel import wrap_pipeline_parallel
+        from smelt.train.parallel.pipeline import wrap_pipeline_parallel
 
         return wrap_pipeline_parallel(model, mesh, device)
     if mesh is not None and mesh.tensor_parallel:
-        from smelt.train.tensor_parallel import wrap_tensor_parallel
+        from smelt.train.parallel.tensor import wrap_tensor_parallel
 
         return wrap_tensor_parallel(model, mesh)
     if mesh is not None and mesh.context_parallel:
-        from smelt.train.context_parallel import wrap_context_parallel
+        from smelt.train.parallel.context import wrap_context_parallel
 
         return wrap_context_parallel(model, mode, mesh, device)
     if mode == "ddp":

@@ -51,11 +51,11 @@ from smelt.config import ModelConfig
 from smelt.model.attention import document_mask
 from smelt.model.flops import head_dim_of, resolved_d_ff
 from smelt.model.transformer import lm_loss
-from smelt.train.collectives import all_reduce_sum
+from smelt.train.parallel.collectives import all_reduce_sum
 from smelt.train.step_tokens import add_source_rows, source_sums, step_token_counts
 
 if TYPE_CHECKING:
-    from smelt.train.mesh import TrainMesh
+    from smelt.train.parallel.mesh import TrainMesh
     from smelt.train.precision import Precision
 
 STAGES_PER_RANK = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
@@ -221,7 +221,7 @@ class PipelineModel(nn.Module):
         from torch.distributed.pipelining import PipelineStage
 
         if mesh.tensor_parallel:  # the whole model first (its plan names the unsplit modules), then split
-            from smelt.train.tensor_parallel import apply_tensor_parallel
+            from smelt.train.parallel.tensor import apply_tensor_parallel
 
             apply_tensor_parallel(model, mesh.tp_mesh())
         chunks = split_model(model, mesh, schedule)

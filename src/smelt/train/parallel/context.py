@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from smelt.model.transformer import IGNORE_INDEX, GatheredKV
-from smelt.train.mesh import TrainMesh
+from smelt.train.parallel.mesh import TrainMesh
 
 
 def chunk_positions(seq_len: int, cp: int, cp_rank: int, device: torch.device | None = None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Readers for web data: HTML files (`format = "html"`) and WARC archives (`format = "warc"`).
 
-Both follow the reader contract of data/readers.py: one `Doc` per page with its provenance (file, URL,
+Both follow the reader contract of data/ingest/readers.py: one `Doc` per page with its provenance (file, URL,
 and for WARC the byte offset of the record), `ledger.records_in` and `state["records"]` counted once
 per record seen, and unreadable input quarantined with a reason while the run goes on. A page whose
 main text is empty is still a document (the length filter drops it as `empty`): it was readable, the
@@ -20,10 +20,10 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from smelt.data.extract import decode_html, extractor
+from smelt.data.ingest.extract import decode_html, extractor
+from smelt.data.ingest.warc import WarcError, WarcRecord, decode_body, is_html, iter_records, parse_http
 from smelt.data.ledger import Doc, Ledger
 from smelt.data.read_spec import ReadSpec
-from smelt.data.warc import WarcError, WarcRecord, decode_body, is_html, iter_records, parse_http
 
 BINARY_SNIFF = 8192  # a NUL byte in this prefix marks a file as binary, not HTML
 URL_SNIFF = 1 << 16
