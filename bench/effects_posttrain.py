@@ -99,11 +99,16 @@ def base_run(runs: Path, shared: Path) -> Path:
     return base
 
 
+STAGE_SECONDS: dict[str, float] = {}  # each stage's own wall time (its summary.json), kept when reused
+
+
 def stage(config: str, parent: Path, out: Path, seed: int, overrides: list[str]) -> dict:
     if not (out / "summary.json").is_file():
         smelt("posttrain", "run", str(CONFIGS / config), "--force",
               *sets(f"run.init_from='{parent}'", f"run.out='{out}'", f"run.seed={seed}", *overrides))  # fmt: skip
-    return read_json(out / "summary.json")
+    summary = read_json(out / "summary.json")
+    STAGE_SECONDS[out.name] = summary.get("wall_time_s")
+    return summary
 
 
 def addition_exact_match(run: Path) -> dict:
@@ -114,6 +119,7 @@ def addition_exact_match(run: Path) -> dict:
 
 
 def sft_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    STAGE_SECONDS.clear()
     base = base_run(runs, shared)
     before = addition_exact_match(base)
     after, val = [], []
@@ -127,10 +133,11 @@ def sft_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
                   val_loss_before_after=val, settings=SFT,
                   disjoint="held-out problems are smelt's held-out quarter of {a, b}; training items come "
                            "only from the other three quarters (and decontamination dropped none)",
-                  note="one base model (seed 7); the seed varies the SFT stage")  # fmt: skip
+                  note="one base model (seed 7); the seed varies the SFT stage", stage_wall_time_s=dict(STAGE_SECONDS))  # fmt: skip
 
 
 def grpo_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    STAGE_SECONDS.clear()
     base = base_run(runs, shared)
     before, after, sampled, length, kl, train_reward = [], [], [], [], [], []
     for seed in seeds:
@@ -151,10 +158,11 @@ def grpo_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
                   reply_tokens_first_last_step=length, kl_last_step=kl, sft_settings=SFT_SHORT, settings=GRPO,
                   disjoint="GRPO trains on prompts of the training quarter; its 25 held-out prompts are the "
                            "held-out quarter, which neither the SFT nor GRPO trains on",
-                  note="one base model (seed 7); the seed varies the short SFT and GRPO")  # fmt: skip
+                  note="one base model (seed 7); the seed varies the short SFT and GRPO", stage_wall_time_s=dict(STAGE_SECONDS))  # fmt: skip
 
 
 def dpo_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
+    STAGE_SECONDS.clear()
     base = base_run(runs, shared)
     before, after, logp, counts = [], [], [], {}
     for seed in seeds:
@@ -174,4 +182,17 @@ def dpo_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
                   logp_accuracy_before_after=logp, pairs=counts, settings=DPO,
                   disjoint="every pair is a distinct unordered problem {a, b} (operands 10-99), so the stage's "
                            "held-out pairs share no problem with its training pairs",
-                  note="from the base model; one base (seed 7); the seed varies the pairs and the stage")  # fmt: skip
+                  note="from the base model; one base (seed 7); the seed varies the pairs and the stage",
+                  hh_rlhf=hh_rlhf_report(), stage_wall_time_s=dict(STAGE_SECONDS))  # fmt: skip
+
+
+def hh_rlhf_report() -> dict:
+    """DPO on hh-rlhf, reported without a goal: the figures of bench/results/posttrain.json (not rerun here)."""
+    path = REPO / "bench" / "results" / "posttrain.json"
+    if not path.is_file():
+        return {"status": "not run"}
+    chain = read_json(path)
+    keys = ("dpo_heldout_pairs", "dpo_reward_accuracy_before", "dpo_reward_accuracy_after",
+            "dpo_logp_accuracy_before", "dpo_logp_accuracy_after", "dpo_steps")  # fmt: skip
+    return {"source": "bench/results/posttrain.json (one seed, small-5m base, not rerun by this benchmark)",
+            "command": chain.get("kept_from") or chain.get("command"), **{k: chain.get(k) for k in keys}}  # fmt: skip
