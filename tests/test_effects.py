@@ -45,8 +45,9 @@ def test_sft_lowers_the_loss_of_heldout_addition_problems(base_run, tmp_path):
 
 @pytest.fixture(scope="module")
 def stable(tmp_path_factory):
-    """A tiny stable run (48 steps of 256 tokens at a constant LR of 1e-2 after warmup, a checkpoint every
-    4 steps) and a WSD anneal forked from its step 32 to the same tokens, as bench/effects.py runs them."""
+    """A tiny stable run (48 steps of 256 tokens at a constant LR of 1e-2 after warmup, a checkpoint
+    every 4 steps) and a WSD anneal forked from its step 32 to the same tokens: bench/effects.py's
+    design, smaller."""
     from smelt.cli import QUICKSTART_CONFIG
 
     from .test_pipeline_e2e import TINY
