@@ -91,3 +91,19 @@ def validations(path: Path) -> list[tuple[int, float, float]]:
             if finite(step) and finite(tokens) and finite(loss):
                 out.append((int(step), float(tokens), float(loss)))
     return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a .jsonl file such as metrics.jsonl (a line cut by a crash is left out); []
+    if there is none. The one reader of metrics.jsonl for the trainer, post-training, drills and tools."""
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records

@@ -169,7 +169,7 @@ def launch(
 
 def losses(run: Path) -> dict[int, float]:
     """Each step's last logged loss (a resumed launch logs the steps it trained again after the first)."""
-    from smelt.train.goodput import read_records  # here: `smelt --help` builds this parser without torch
+    from smelt.metric_records import read_records  # here: `smelt --help` builds this parser without torch
 
     return {
         r["step"]: r["loss"]

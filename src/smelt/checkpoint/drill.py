@@ -28,6 +28,7 @@ from smelt.checkpoint.store import list_checkpoints, read_meta
 from smelt.checkpoint.tools import checkpoints_dir_of
 from smelt.errors import UserError
 from smelt.layout import step_of
+from smelt.metric_records import read_records
 
 # Relative tolerances where the replay is not bitwise (a guide; --tolerance sets another).
 TOLERANCE_FP32 = 1e-4
@@ -150,7 +151,7 @@ def run_drill(
     metrics = train_dir / "metrics.jsonl"
     if not metrics.is_file():
         raise UserError(f"{metrics} does not exist: the drill compares against the run's log.")
-    records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = read_records(metrics)
     windows = logged_windows(records)
     checkpoint = choose_checkpoint(checkpoints, windows, step)
     at = step_of(checkpoint)

@@ -54,7 +54,7 @@ def _train_dir(run: str) -> Path:
 
 def _triage(args: argparse.Namespace) -> int:
     from smelt.checkpoint.drill import DrillFailed
-    from smelt.train.goodput import read_records
+    from smelt.metric_records import read_records
     from smelt.train.spikes import read_triage, spike_alerts, triage, triage_report
 
     train_dir = _train_dir(args.run)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from smelt.metric_records import read_records
 from smelt.report.page import note, page, row, section, table
 from smelt.report.svg import Chart, Series, chart_svg
 
@@ -24,14 +25,7 @@ CURVES = {
 
 
 def _records(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "train" / "metrics.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+    return read_records(run_dir / "train" / "metrics.jsonl")
 
 
 def _chart(title: str, kind: str, keys: list[str], records: list[dict[str, Any]]) -> str:

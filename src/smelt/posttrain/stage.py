@@ -35,6 +35,7 @@ from smelt.config import ModelConfig, TrainConfig, hash_json
 from smelt.errors import UserError
 from smelt.lifecycle import LOCKS, committed_checkpoints, move_aside, stage_lock
 from smelt.manifest import code_version, library_versions, write_json
+from smelt.metric_records import read_records
 from smelt.model.transformer import Transformer
 from smelt.posttrain.config import PostTrainConfig
 from smelt.posttrain.data import Split
@@ -362,8 +363,7 @@ def announce_restart(stage: Stage) -> None:
     metrics = stage.train_dir / "metrics.jsonl"
     if not metrics.is_file() or committed_checkpoints(stage.train_dir):
         return
-    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines()
-             if line.strip().startswith("{") and '"kind": "train"' in line]  # fmt: skip
+    steps = [r.get("step", 0) for r in read_records(metrics) if r.get("kind") == "train"]
     reached = f"after step {max(steps)}" if steps else "before its first logged step"
     log(f"[{stage.name}] an earlier attempt in {stage.train_dir} stopped {reached}, before its first "
         f"checkpoint: this one starts over from step 0, and the earlier records move to {metrics.name}.1 "

@@ -19,7 +19,6 @@ often to checkpoint.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from smelt.metric_records import read_records
 from smelt.train.evaluation import say
 from smelt.train.monitors import SUPERSEDED_METRICS
 
@@ -197,21 +197,6 @@ def straggler_alert(own_p50: list[float], ratio: float, step: int, tokens: int) 
 
 
 # --- goodput, from the run's metrics files -------------------------------------------------------------
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a .jsonl file (a line cut by a crash is left out); [] if there is none."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def _attempts(records: Iterable[dict[str, Any]]) -> list[list[float]]:

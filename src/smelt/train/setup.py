@@ -17,6 +17,7 @@ from smelt.checkpoint.store import latest_valid_checkpoint
 from smelt.config import Config, TrainConfig, hash_json
 from smelt.errors import ConfigError, UserError
 from smelt.manifest import write_json
+from smelt.metric_records import read_records
 from smelt.train.alerts import AlertPolicy
 from smelt.train.batching import BatchPlan
 from smelt.train.parallel.distributed import DistContext, rank_seed
@@ -201,12 +202,7 @@ def write_run_manifest(
 def last_logged_loss(out_dir: Path) -> float:
     """The train loss of the last record already in metrics.jsonl (a run resumed at its end)."""
     loss = float("nan")
-    path = out_dir / "metrics.jsonl"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in read_records(out_dir / "metrics.jsonl"):
         if record.get("kind") == "train" and record.get("loss") is not None:
             loss = float(record["loss"])
     return loss

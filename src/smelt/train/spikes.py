@@ -38,7 +38,7 @@ from smelt.checkpoint.drill import DrillFailed, drill_config, side_process
 from smelt.checkpoint.store import list_checkpoints, read_meta
 from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, step_dir_name, step_of
-from smelt.train.goodput import read_records
+from smelt.metric_records import read_records
 
 SPIKE_ALERTS = ("loss_spike", "grad_spike")
 DATA = "data"
