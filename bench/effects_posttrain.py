@@ -139,7 +139,7 @@ def sft_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
 def grpo_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
     STAGE_SECONDS.clear()
     base = base_run(runs, shared)
-    before, after, sampled, length, kl, train_reward = [], [], [], [], [], []
+    before, after, sampled, length, kl, train_reward, contaminated = [], [], [], [], [], [], []
     for seed in seeds:
         parent = runs / f"sft-short-{seed}"
         stage("sft_addition.toml", base, parent, seed, SFT_SHORT)
@@ -152,10 +152,12 @@ def grpo_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
         train = records(out, "train")
         length.append((train[0]["reply_tokens"], train[-1]["reply_tokens"]))
         kl.append(train[-1]["kl"])
+        contaminated.append(summary["heldout_contaminated"])
     return effect("held-out greedy exact match (reward), 1-digit addition, GRPO from a partly trained SFT",
                   seeds, before, after, 0.10,
                   sampled_reward_before_after=sampled, train_reward_first_last_quarter=train_reward,
-                  reply_tokens_first_last_step=length, kl_last_step=kl, sft_settings=SFT_SHORT, settings=GRPO,
+                  reply_tokens_first_last_step=length, kl_last_step=kl, heldout_contaminated_dropped=contaminated,
+                  sft_settings=SFT_SHORT, settings=GRPO,
                   disjoint="GRPO trains on prompts of the training quarter; its 25 held-out prompts are the "
                            "held-out quarter, which neither the SFT nor GRPO trains on",
                   note="one base model (seed 7); the seed varies the short SFT and GRPO", stage_wall_time_s=dict(STAGE_SECONDS))  # fmt: skip

@@ -55,7 +55,7 @@ def stable(tmp_path_factory):
     root = tmp_path_factory.mktemp("effects")
     args = [str(QUICKSTART_CONFIG), *sets(*TINY, "train.micro_batch=2", "train.batch_tokens=256",
             "train.tokens=12288", "train.warmup_tokens=1024", "train.lr=1e-2", "train.schedule='constant'",
-            "train.threads=1", "train.eval_every=0", "checkpoint.every_steps=4", "checkpoint.keep_last=10", "eval.tasks=[]",
+            "train.optimizer='adamw'", "train.threads=1", "train.eval_every=0", "checkpoint.every_steps=4", "checkpoint.keep_last=10", "eval.tasks=[]",
             "eval.gallery_tokens=0", "eval.max_bytes=30000", f"run.dir='{root}'", "run.name='stable'")]  # fmt: skip
     assert main(["run", *args]) == 0
     run = root / "stable"
