@@ -230,3 +230,25 @@ def test_the_trainer_loop_reads_as_its_phases():
     }
     phases = {"build", "resume", "step", "apply_or_skip", "log_window", "evaluate", "checkpoint", "finish"}
     assert phases <= called, f"Trainer.train does not call {sorted(phases - called)}"
+
+
+# Artifact file names and who owns each: everyone else goes through the owner's constant or reader.
+OWNED_NAMES = {
+    '"smelt.json"': {"layout.py"},  # a trained tokenizer's info (tokenizer/load.read_info reads it)
+    '"tokenizer.json"': {"layout.py"},
+    '"COMMITTED"': {"layout.py"},  # a committed checkpoint's marker (layout.is_committed)
+    '"meta.json"': {"layout.py", "tokens/shards.py"},  # a checkpoint's meta; the token shards' meta
+    '"*.bin"': {"tokens/shards.py"},  # token shards (tokens/shards.has_shards)
+    '/ "checkpoints"': {"layout.py"},  # RUN/train/checkpoints (layout.checkpoints_dir, CHECKPOINTS)
+}
+
+
+def test_artifact_names_appear_only_in_their_owners():
+    found = {
+        (name, p.relative_to(SRC).as_posix())
+        for p in SRC.rglob("*.py")
+        for name in OWNED_NAMES
+        if name in p.read_text(encoding="utf-8")
+    }
+    strays = sorted((name, path) for name, path in found if path not in OWNED_NAMES[name])
+    assert not strays, f"use the owner's constant or reader instead of the literal: {strays}"

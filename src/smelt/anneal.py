@@ -24,6 +24,7 @@ from typing import Any
 from smelt import layout
 from smelt.config import load_config
 from smelt.errors import UserError
+from smelt.layout import checkpoints_dir
 from smelt.manifest import write_json
 from smelt.pipeline import STAGES, run_pipeline
 from smelt.progress import log
@@ -156,7 +157,7 @@ def _soup(
     from smelt.eval.run import evaluate_checkpoints
 
     soup_dir = parent.run_dir.parent / f"{parent.run_dir.name}-anneal-soup"
-    ends = [latest_checkpoint(run / "train" / "checkpoints") for run in runs]
+    ends = [latest_checkpoint(checkpoints_dir(run)) for run in runs]
     step = int(read_meta(ends[0], verify=False)["step"])
     target = layout.checkpoints_dir(soup_dir) / layout.step_dir_name(step)
     for stage in ("documents", "tokenizer", "tokens"):

@@ -27,6 +27,8 @@ STAGE_DIRS = {
 CHECKPOINTS = "checkpoints"
 MARKER = "COMMITTED"
 META = "meta.json"
+TOKENIZER_JSON = "tokenizer.json"  # the Hugging Face tokenizers file of a trained tokenizer
+TOKENIZER_INFO = "smelt.json"  # its vocab size, special ids and hash (tokenizer/load.py reads it)
 STEP_DIR = re.compile(r"^step_(\d{7,})$")
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
-from smelt.layout import MARKER, STAGE_DIRS
+from smelt.layout import CHECKPOINTS, MARKER, STAGE_DIRS
 
 # How the processes of a launch split the work: the parallel degrees and strategy. With the world size
 # (never a key) they are the run's layout, not its plan: the global batch (train.batch_tokens), the data
@@ -98,8 +98,16 @@ NEUTRAL_KEYS: dict[str, frozenset[str]] = {
         }
     ),
     "eval": frozenset(
-        {"batch_size", "every_steps", "inloop_items", "inloop_tasks", "contamination_tasks",
-         "contamination_items", "contamination_k", "contamination_inloop"}
+        {
+            "batch_size",
+            "every_steps",
+            "inloop_items",
+            "inloop_tasks",
+            "contamination_tasks",
+            "contamination_items",
+            "contamination_k",
+            "contamination_inloop",
+        }
     ),  # fmt: skip
 }
 # Work that took longer than this is moved aside, never deleted, when a change supersedes it.
@@ -170,7 +178,7 @@ def changed_inputs(old: dict[str, str], new: dict[str, str]) -> list[str]:
 
 
 def committed_checkpoints(stage_dir: Path) -> int:
-    folder = Path(stage_dir) / "checkpoints"
+    folder = Path(stage_dir) / CHECKPOINTS
     if not folder.is_dir():
         return 0
     return sum(1 for p in folder.iterdir() if p.name.startswith("step_") and (p / MARKER).is_file())

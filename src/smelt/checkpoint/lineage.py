@@ -28,7 +28,7 @@ from smelt.checkpoint.store import (
     step_of,
 )
 from smelt.errors import UserError
-from smelt.layout import MARKER
+from smelt.layout import CHECKPOINTS, MARKER, checkpoints_dir
 
 # Keys that fix the shapes of the weights; a fork may change anything else (RoPE, sequence length, ...).
 SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tie_embeddings", "qk_norm")
@@ -69,9 +69,7 @@ def resolve_parent(spec: str) -> Parent:
     if (path / MARKER).is_file() or path.name.startswith("step_"):
         checkpoint = path
     else:
-        folder = next(
-            (c for c in (path / "train" / "checkpoints", path / "checkpoints", path) if c.is_dir()), None
-        )
+        folder = next((c for c in (checkpoints_dir(path), path / CHECKPOINTS, path) if c.is_dir()), None)
         if folder is None or not any(p.name.startswith("step_") for p in folder.iterdir()):
             raise UserError(
                 f"train.init_from = {spec!r}: {path} is not a run directory with committed checkpoints "

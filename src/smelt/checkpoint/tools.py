@@ -30,7 +30,7 @@ from smelt.checkpoint.store import (
 )
 from smelt.config import ModelConfig
 from smelt.errors import UserError
-from smelt.layout import resolve_checkpoints
+from smelt.layout import CHECKPOINTS, checkpoints_dir, resolve_checkpoints
 from smelt.manifest import combined_hash
 from smelt.model.transformer import Transformer
 from smelt.progress import progress
@@ -45,10 +45,10 @@ _RUNTIME_KEYS = frozenset(
 def checkpoints_dir_of(path: str | Path) -> Path:
     """RUN, RUN/train or RUN/train/checkpoints (or any folder of step_NNNNNNN dirs) -> the checkpoints dir."""
     path = Path(path)
-    for candidate in (path / "train" / "checkpoints", path / "checkpoints", path):
+    for candidate in (checkpoints_dir(path), path / CHECKPOINTS, path):
         if candidate.is_dir() and _checkpoint_dirs(candidate):
             return candidate
-    if (path / "train" / "checkpoints").is_dir() or (path / "checkpoints").is_dir():
+    if checkpoints_dir(path).is_dir() or (path / CHECKPOINTS).is_dir():
         raise UserError(f"{path} has no checkpoints yet. Train it first (`smelt train CONFIG`).")
     raise UserError(
         f"{path} is not a run directory with checkpoints (no train/checkpoints/step_NNNNNNN/ inside). "

@@ -4,13 +4,13 @@ itself is smelt/rehearse.py's."""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from smelt.cli.arguments import add_config_args
 from smelt.errors import UserError
 from smelt.numbers import number
+from smelt.plan.ladder import ladder_vocab
 from smelt.plan.memory import Cluster, ModelShape
 from smelt.rehearse import describe, global_batch, plan_rehearsal, run_rehearsal
 from smelt.summary import print_table
@@ -27,10 +27,7 @@ def rehearse_command(args: argparse.Namespace) -> int:
             "smelt plan rehearse needs --procs 1 or more and --steps 2 or more (it resumes at half)."
         )
     cfg = load_config(args.config, args.overrides)
-    smelt_json = cfg.run_dir / "tokenizer" / "smelt.json"
-    pad = cfg.tokenizer.pad_to_multiple
-    vocab = (json.loads(smelt_json.read_text())["vocab_size"] if smelt_json.is_file()
-             else -(-cfg.tokenizer.vocab_size // pad) * pad)  # fmt: skip
+    vocab = ladder_vocab(cfg)  # the trained tokenizer's, else the config's padded size
     shape = ModelShape.from_config(cfg.model, vocab, cfg.model.preset or Path(args.config).stem)
     capacity = args.gpu_memory or (GPUS[args.gpu][1] if args.gpu else 80.0)
     batch = int(global_batch(cfg, args.global_batch_tokens))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from smelt.cli.arguments import add_common, add_config_args, group
 from smelt.errors import UserError
+from smelt.layout import TOKENIZER_JSON
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -109,7 +110,7 @@ def _eval(args: argparse.Namespace) -> int:
         )
     else:
         tokenizers: dict[str, Path] = {}
-        if cfg is not None and (cfg.run_dir / "tokenizer" / "tokenizer.json").is_file():
+        if cfg is not None and (cfg.run_dir / "tokenizer" / TOKENIZER_JSON).is_file():
             tokenizers["run"] = cfg.run_dir / "tokenizer"
         for item in args.tokenizer:
             name, sep, directory = item.partition("=")

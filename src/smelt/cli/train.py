@@ -113,7 +113,7 @@ def _check_resume_from_finished(config: str, overrides: list[str], step: int) ->
     train_dir = layout.stage_dir(cfg.run_dir, "train")
     if read_manifest(train_dir) is None:
         return
-    committed = [layout.step_of(p) for p in layout.list_checkpoints(train_dir / "checkpoints")]
+    committed = [layout.step_of(p) for p in layout.list_checkpoints(train_dir / layout.CHECKPOINTS)]
     if step in committed:
         return
     if committed:

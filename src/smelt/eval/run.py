@@ -39,6 +39,7 @@ from smelt.eval.tasks import (
     resolve_tasks_dir,
     task_fingerprint,
 )
+from smelt.layout import TOKENIZER_JSON
 from smelt.manifest import combined_hash, hash_file, hash_files, read_manifest, write_json
 from smelt.progress import log
 
@@ -195,7 +196,7 @@ def check_tokenizer(meta: dict[str, Any], tokenizer: Any, run_dir: Path, checkpo
     )
     recorded = meta.get("tokenizer_hash")
     # The trainer records the tokenizer's artifact hash, or without one that of tokenizer.json alone.
-    known = {tokenizer.hash, hash_file(run_dir / "tokenizer" / "tokenizer.json")}
+    known = {tokenizer.hash, hash_file(run_dir / "tokenizer" / TOKENIZER_JSON)}
     if recorded and recorded not in known:
         raise UserError(
             f"checkpoint {checkpoint} was trained with tokenizer {recorded[:12]} but {run_dir / 'tokenizer'} "

@@ -30,6 +30,7 @@ import torch
 from smelt.config import ModelConfig
 from smelt.config.moe import is_moe_layer
 from smelt.errors import UserError
+from smelt.layout import TOKENIZER_INFO, TOKENIZER_JSON
 from smelt.model.flops import head_dim_of, resolved_d_ff
 from smelt.model.hf_moe import ARCHITECTURES as MOE_ARCHITECTURES
 from smelt.model.hf_moe import (
@@ -167,7 +168,7 @@ def _tokenizer_files(tokenizer_dir: Path, out_dir: Path, max_len: int) -> dict[s
     """Copy tokenizer.json; write tokenizer_config.json and special_tokens_map.json. Returns special ids."""
     import tokenizers
 
-    tok_json, info_json = tokenizer_dir / "tokenizer.json", tokenizer_dir / "smelt.json"
+    tok_json, info_json = tokenizer_dir / TOKENIZER_JSON, tokenizer_dir / TOKENIZER_INFO
     for path in (tok_json, info_json):
         if not path.is_file():
             raise UserError(
@@ -176,7 +177,7 @@ def _tokenizer_files(tokenizer_dir: Path, out_dir: Path, max_len: int) -> dict[s
             )
     info = json.loads(info_json.read_text(encoding="utf-8"))
     inner = tokenizers.Tokenizer.from_file(str(tok_json))
-    shutil.copyfile(tok_json, out_dir / "tokenizer.json")
+    shutil.copyfile(tok_json, out_dir / TOKENIZER_JSON)
     ids = {name: int(info[f"{name}_id"]) for name in ("bos", "eos", "pad")}
     names = {name: inner.id_to_token(i) for name, i in ids.items()}
     tokenizer_config = {

@@ -26,6 +26,7 @@ from smelt.config import Config, ModelConfig
 from smelt.errors import UserError
 from smelt.manifest import read_manifest, write_json
 from smelt.model.flops import count_params
+from smelt.tokenizer.load import read_info
 
 DATA_STAGES = ("curate", "tokenizer", "tokenize")
 LINKED = ("documents", "tokenizer", "tokens")
@@ -456,11 +457,8 @@ def results_table(results: list[dict[str, Any]]) -> str:
 
 def ladder_vocab(cfg: Config) -> int:
     """The vocabulary of the base run: its trained tokenizer's, else the config's padded size."""
-    path = cfg.run_dir / "tokenizer" / "smelt.json"
-    if path.is_file():
-        try:
-            return int(json.loads(path.read_text())["vocab_size"])
-        except (json.JSONDecodeError, KeyError, ValueError):
-            pass
+    info = read_info(cfg.run_dir / "tokenizer", required=False)
+    if "vocab_size" in info:
+        return int(info["vocab_size"])
     pad = cfg.tokenizer.pad_to_multiple
     return int(math.ceil(cfg.tokenizer.vocab_size / pad) * pad)

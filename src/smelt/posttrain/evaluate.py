@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from smelt.chat_template import ChatFormat
+from smelt.layout import checkpoints_dir, is_committed
 from smelt.model.generate import generate
 from smelt.posttrain.chat import final_number, normalize_number, prompt_of, prompt_text, read_gsm8k
 from smelt.posttrain.rewards import Reward
@@ -293,9 +294,9 @@ def evaluate_run(
     if addition:
         check_addition_heldout(addition, addition_digits, "--addition",
                                "Pass --addition {have} or fewer, or a larger --addition-digits.")  # fmt: skip
-    folder = run_dir / "train" / "checkpoints"
+    folder = checkpoints_dir(run_dir)
     path = latest_checkpoint(folder) if checkpoint == "latest" else folder / step_dir_name(int(checkpoint))
-    if path is None or not (path / "COMMITTED").is_file():
+    if path is None or not is_committed(path):
         raise UserError(
             f"no committed checkpoint {checkpoint!r} under {folder}; pass a run directory written by a training "
             f"or post-training stage, and --checkpoint latest or a step listed there."

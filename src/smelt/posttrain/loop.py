@@ -33,6 +33,7 @@ from smelt.checkpoint.rng import restore_rng, rng_state
 from smelt.checkpoint.store import load_training_state, prune_checkpoints, read_meta, save_checkpoint
 from smelt.config import hash_json
 from smelt.errors import UserError
+from smelt.layout import CHECKPOINTS
 from smelt.progress import log, progress
 from smelt.train.ops.watchdog import StopRequested
 from smelt.train.schedule import Schedule
@@ -123,7 +124,7 @@ class Loop:
 
     @property
     def checkpoints_dir(self) -> Path:
-        return self.stage.train_dir / "checkpoints"
+        return self.stage.train_dir / CHECKPOINTS
 
     # --- resume -------------------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from smelt.checkpoint.lineage import Parent, load_parent, resolve_parent
 from smelt.checkpoint.store import checkpoint_at_step, latest_valid_checkpoint, read_meta
 from smelt.config import ModelConfig, TrainConfig, hash_json
 from smelt.errors import UserError
+from smelt.layout import checkpoints_dir
 from smelt.lifecycle import LOCKS, committed_checkpoints, move_aside, stage_lock
 from smelt.manifest import code_version, library_versions, write_json
 from smelt.metric_records import read_records
@@ -255,7 +256,7 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
     resolve_lr(cfg, name, read_meta(parent.checkpoint, verify=False)["model_config"])
     resume_from = None
     if committed_checkpoints(out_dir / "train") and not force:
-        latest, _ = latest_valid_checkpoint(out_dir / "train" / "checkpoints")
+        latest, _ = latest_valid_checkpoint(checkpoints_dir(out_dir))
         resume_from, why_not = resume_point(latest, hash_json(cfg.to_dict()))
         if resume_from is None:
             raise UserError(

@@ -33,13 +33,15 @@ from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, checkpoints_dir, list_checkpoints, step_dir_name, step_of
 from smelt.manifest import code_version, hash_file, read_manifest, write_json
 from smelt.release.data_order import read_json, tokens_per_source, write_data_order
+from smelt.tokenizer.load import SMELT_JSON, TOKENIZER_JSON
+from smelt.tokens.shards import META_JSON, SHARDS_JSON
 
 RELEASE_JSON = "release.json"
 REVISIONS = "revisions"
 PROBE_TOKENS = 32
 PROBE_COLUMNS = 16
 HF_TOP_FILES = (
-    "config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "config.json", "model.safetensors", "generation_config.json", TOKENIZER_JSON, "tokenizer_config.json",
     "special_tokens_map.json",
 )  # fmt: skip
 
@@ -289,7 +291,7 @@ def _copy_artifacts(run_dir: Path, out_dir: Path, include_tokens: bool) -> None:
             (out_dir / target).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(run_dir / source, out_dir / target)
     (out_dir / "tokenizer").mkdir(exist_ok=True)
-    for name in ("tokenizer.json", "smelt.json"):
+    for name in (TOKENIZER_JSON, SMELT_JSON):
         shutil.copy2(run_dir / "tokenizer" / name, out_dir / "tokenizer" / name)
     config = read_json(run_dir / "config.json")
     if config is not None:
@@ -298,7 +300,7 @@ def _copy_artifacts(run_dir: Path, out_dir: Path, include_tokens: bool) -> None:
         shutil.copy2(run_dir / "report.html", out_dir / "report.html")
     if include_tokens:
         (out_dir / "tokens").mkdir(exist_ok=True)
-        for name in ("meta.json", "shards.json"):
+        for name in (META_JSON, SHARDS_JSON):
             shutil.copy2(run_dir / "tokens" / name, out_dir / "tokens" / name)
         _copy_tree(run_dir / "tokens" / "train", out_dir / "tokens" / "train")
 

@@ -17,16 +17,18 @@ from smelt.errors import UserError
 from smelt.manifest import hash_file
 from smelt.release.build import RELEASE_JSON, REVISIONS
 from smelt.release.data_order import read_json
+from smelt.tokenizer.load import SMELT_JSON, TOKENIZER_JSON
+from smelt.tokens.shards import META_JSON
 
 # The manifest of each stage, and where its outputs went in the release: (stage, output, release path).
 CHAIN = (
-    ("tokenizer", "tokenizer.json", "tokenizer/tokenizer.json"),
-    ("tokenizer", "smelt.json", "tokenizer/smelt.json"),
+    ("tokenizer", TOKENIZER_JSON, f"tokenizer/{TOKENIZER_JSON}"),
+    ("tokenizer", SMELT_JSON, f"tokenizer/{SMELT_JSON}"),
     ("documents", "stats.json", "data/documents_stats.json"),
     ("documents", "decontamination.json", "data/decontamination.json"),
     ("tokens", "stats.json", "data/tokens_stats.json"),
     ("tokens", "shards.json", "data/shards.json"),
-    ("tokens", "meta.json", "data/tokens_meta.json"),
+    ("tokens", META_JSON, "data/tokens_meta.json"),
 )
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.02}  # of max(1, largest |logit|)
 

@@ -8,6 +8,7 @@ from smelt.metric_records import finite
 from smelt.report.page import Raw, esc, missing, note, table
 from smelt.report.run import STAGE_DIRS, Run
 from smelt.report.svg import COLORS, Chart, Series, bars_svg, chart_svg
+from smelt.tokenizer.load import SMELT_JSON
 
 # A manifest names the stages it read by stage name; their directories differ for two of them.
 _STAGE_DIR = {"curate": "documents", "tokenize": "tokens"}
@@ -222,7 +223,7 @@ def _sample_table(info: dict[str, Any]) -> str:
 def tokenizer_section(run: Run) -> str:
     parts = []
     result = (run.manifests.get("tokenizer") or {}).get("result") or {}
-    info = run.json_file("tokenizer", "smelt.json") or {}
+    info = run.json_file("tokenizer", SMELT_JSON) or {}
     if result or info:
         rows = [[k, v] for k, v in sorted(result.items()) if not isinstance(v, (dict, list))]
         rows += [[f"smelt.json: {k}", v] for k, v in sorted(info.items()) if not isinstance(v, (dict, list))]

@@ -17,9 +17,9 @@ import numpy as np
 import tokenizers
 
 from smelt.errors import UserError
+from smelt.layout import TOKENIZER_INFO, TOKENIZER_JSON
 
-TOKENIZER_JSON = "tokenizer.json"
-SMELT_JSON = "smelt.json"
+SMELT_JSON = TOKENIZER_INFO
 # `auto`: encode with smelt's compiled encoder (about 15x Hugging Face on one core), else tiktoken's BPE
 # core (about 6x), whichever can run the tokenizer and agrees with Hugging Face on the probes below;
 # `native`/`tiktoken` stop at that one, `hf` always encodes with Hugging Face.
@@ -304,3 +304,19 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, directory={str(self.directory)!r})"
+
+
+def read_info(tokenizer_dir: str | Path, required: bool = True) -> dict[str, Any]:
+    """A trained tokenizer's smelt.json (vocab size, special ids, hash); {} when it is missing or broken
+    and not `required`, else a UserError naming the file and the fix."""
+    path = Path(tokenizer_dir) / SMELT_JSON
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        if not required:
+            return {}
+        raise UserError(
+            f"cannot read {path} ({exc}). Train the tokenizer first (`smelt tokenizer train CONFIG`) or "
+            f"point at its directory."
+        ) from exc
+    return info if isinstance(info, dict) else {}

@@ -36,7 +36,7 @@ from typing import Any
 
 from smelt.config import Config, config_from_dict
 from smelt.errors import UserError
-from smelt.layout import MARKER, latest_checkpoint, step_dir_name
+from smelt.layout import CHECKPOINTS, MARKER, META, checkpoints_dir, latest_checkpoint, step_dir_name
 from smelt.tokens.mixture import build_plan, sequences_of
 
 _STEP_SUFFIX = re.compile(r"^(.*):(\d+|latest)$")
@@ -124,9 +124,7 @@ def parent_checkpoint(spec: str) -> Path:
     path = Path(text)
     if (path / MARKER).is_file() or path.name.startswith("step_"):
         return path
-    folder = next(
-        (c for c in (path / "train" / "checkpoints", path / "checkpoints", path) if c.is_dir()), None
-    )
+    folder = next((c for c in (checkpoints_dir(path), path / CHECKPOINTS, path) if c.is_dir()), None)
     found = None
     if folder is not None:
         found = latest_checkpoint(folder) if step is None else folder / step_dir_name(step)
@@ -161,7 +159,7 @@ def fork_start(cfg: Config, checkpoint: Path | None = None) -> ForkStart | None:
     if checkpoint is None:
         checkpoint = recorded_parent(cfg) or parent_checkpoint(tc.init_from)
     checkpoint = Path(checkpoint)
-    path = checkpoint / "meta.json"
+    path = checkpoint / META
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

@@ -26,7 +26,6 @@ A fork continues its parent's data by default: every source starts at the parent
 
 from __future__ import annotations
 
-import json
 import math
 import queue
 import threading
@@ -40,6 +39,7 @@ import torch
 
 from smelt.config import Config, TokensConfig
 from smelt.errors import ConfigError, UserError
+from smelt.tokenizer.load import read_info
 from smelt.tokens.fork import ForkStart, fork_start
 from smelt.tokens.mixture import DataPlan, Stage, build_plan
 from smelt.tokens.order import name_key, permute
@@ -426,11 +426,7 @@ class TokenLoader:
 
 def read_fim_ids(tokenizer_dir: str | Path) -> tuple[int, int, int] | None:
     """(prefix, middle, suffix) ids from the tokenizer's smelt.json, or None when it has no FIM tokens."""
-    path = Path(tokenizer_dir) / "smelt.json"
-    try:
-        specials = json.loads(path.read_text()).get("special_tokens", {})
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"cannot read the tokenizer's special tokens from {path} ({exc}).") from exc
+    specials = read_info(tokenizer_dir).get("special_tokens", {})
     ids = [specials.get(token) for token in FIM_TOKENS]
     return None if None in ids else (int(ids[0]), int(ids[1]), int(ids[2]))
 

@@ -164,6 +164,16 @@ class ShardWriter:
 # Reading
 
 
+def has_shards(split_dir: Path) -> bool:
+    """Whether a split directory holds at least one non-empty token shard."""
+    return split_dir.is_dir() and any(p.stat().st_size > 0 for p in split_dir.rglob("*.bin"))
+
+
+def read_meta_if_any(tokens_dir: Path) -> dict[str, Any]:
+    """The shards' meta.json, or {} where there is none yet."""
+    return read_meta(tokens_dir) if (Path(tokens_dir) / META_JSON).is_file() else {}
+
+
 def read_meta(tokens_dir: Path) -> dict[str, Any]:
     path = Path(tokens_dir) / META_JSON
     if not path.is_file():

@@ -43,6 +43,10 @@ def muon_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
     groups = param_groups(model, cfg.weight_decay)
     muon = [p for g in groups for p in g["params"] if id(p) in hidden]
     rest = [{**g, "params": [p for p in g["params"] if id(p) not in hidden]} for g in groups]
+    # A group left empty (with tied embeddings every decayed matrix is Muon's) is dropped: torch's
+    # distributed checkpoint cannot load the optimizer state of an empty group, so a fork or resume
+    # that takes the optimizer's moments would fail with an IndexError.
+    rest = [g for g in rest if g["params"]]
     ratio = cfg.muon_lr / cfg.lr if cfg.lr else 1.0
     return [{"params": muon, "weight_decay": cfg.weight_decay, "muon": True, "lr_scale": ratio}] + rest
 

@@ -18,6 +18,8 @@ from smelt.config import Config, TrainConfig, hash_json
 from smelt.errors import ConfigError, UserError
 from smelt.manifest import write_json
 from smelt.metric_records import read_records
+from smelt.tokenizer.load import SMELT_JSON, read_info
+from smelt.tokens.shards import has_shards
 from smelt.train.alerts import AlertPolicy
 from smelt.train.batching import BatchPlan
 from smelt.train.parallel.distributed import DistContext, rank_seed
@@ -48,10 +50,10 @@ def set_deterministic(enabled: bool) -> None:
 
 
 def read_vocab_size(tokenizer_dir: Path) -> int:
-    path = Path(tokenizer_dir) / "smelt.json"
+    path = Path(tokenizer_dir) / SMELT_JSON
     try:
-        return int(json.loads(path.read_text())["vocab_size"])
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
+        return int(read_info(tokenizer_dir)["vocab_size"])
+    except (KeyError, ValueError) as exc:
         raise UserError(
             f"cannot read the padded vocab size from {path} ({exc}). Train the tokenizer first "
             f"(`smelt tokenizer train CONFIG`) or point the trainer at its directory."
@@ -63,10 +65,7 @@ def check_token_inputs(
 ) -> None:
     """Token shards, tokenizer and model must agree on the vocabulary: shards made by another or a
     larger tokenizer would train on the wrong ids (or index past the embedding)."""
-    try:
-        info = json.loads((Path(tokenizer_dir) / "smelt.json").read_text())
-    except (OSError, ValueError):
-        info = {}
+    info = read_info(tokenizer_dir, required=False)
     shard_vocab, tok_vocab = tokens_meta.get("vocab_size"), info.get("vocab_size")
     if shard_vocab is not None and tok_vocab is not None and not shard_vocab == tok_vocab == model_vocab:
         raise UserError(
@@ -84,7 +83,7 @@ def check_token_inputs(
 
 
 def has_tokens(split_dir: Path) -> bool:
-    return split_dir.is_dir() and any(p.stat().st_size > 0 for p in split_dir.rglob("*.bin"))
+    return has_shards(split_dir)
 
 
 def resolve_resume(resume: str | Path | None, checkpoints_dir: Path) -> tuple[Path | None, list[str]]:

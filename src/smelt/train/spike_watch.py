@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.checkpoint.drill import _LAUNCH_VARS
-from smelt.layout import list_checkpoints, step_of
+from smelt.layout import CHECKPOINTS, list_checkpoints, step_of
 from smelt.train.evaluation import say
 from smelt.train.spikes import SPIKE_ALERTS, spike_path
 
@@ -91,7 +91,7 @@ class SpikeTriage:
         if self.running is not None or not self.queue:
             return
         spike, alerts = self.queue.pop(0)
-        if not any(step_of(p) < spike for p in list_checkpoints(self.train_dir / "checkpoints")):
+        if not any(step_of(p) < spike for p in list_checkpoints(self.train_dir / CHECKPOINTS)):
             records.append(self._event(step, tokens, {"step": spike, "label": None, "error": (
                 f"no committed checkpoint before step {spike}: the spike cannot be replayed "
                 f"(checkpoint.every_steps)")}))  # fmt: skip

@@ -37,7 +37,7 @@ from typing import Any
 from smelt.checkpoint.drill import DrillFailed, drill_config, side_process
 from smelt.checkpoint.store import list_checkpoints, read_meta
 from smelt.errors import UserError
-from smelt.layout import STAGE_DIRS, step_dir_name, step_of
+from smelt.layout import CHECKPOINTS, STAGE_DIRS, step_dir_name, step_of
 from smelt.metric_records import read_records
 
 SPIKE_ALERTS = ("loss_spike", "grad_spike")
@@ -136,7 +136,7 @@ def triage(train_dir: Path, step: int, alerts: list[dict[str, Any]] | None = Non
             raise UserError(
                 f"{needed} does not exist: the replay trains on the run's own tokens and tokenizer."
             )
-    start = choose_start(train_dir / "checkpoints", step, records)
+    start = choose_start(train_dir / CHECKPOINTS, step, records)
     at = step_of(start)
     meta = read_meta(start, verify=False)
     first = next((r for r in records if r.get("event") in ("start", "resume")), {})

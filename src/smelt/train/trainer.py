@@ -18,7 +18,6 @@ alerts), alerts and skips, and the share of step time spent waiting for data.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from pathlib import Path
@@ -39,8 +38,11 @@ from smelt.checkpoint.store import (
 from smelt.config import Config, hash_json
 from smelt.errors import UserError
 from smelt.eval.heldout import training_mixture
+from smelt.layout import CHECKPOINTS, TOKENIZER_JSON
 from smelt.model.flops import count_params, flops_conventions
 from smelt.model.moe import router_metrics, update_expert_bias
+from smelt.tokens.shards import read_meta as read_shards_meta
+from smelt.tokens.shards import read_meta_if_any
 from smelt.train.alerts import AlertDispatch, Decision, SpikeMonitor
 from smelt.train.batching import batch_plan
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
@@ -129,7 +131,7 @@ class Trainer:
         self.cfg, self.tc = cfg, cfg.train
         self.tokens_dir, self.tokenizer_dir, self.out_dir = tokens_dir, tokenizer_dir, out_dir
         self.resume_arg, self.ctx, self.device, self.started = resume, ctx, device, started
-        self.checkpoints_dir = out_dir / "checkpoints"
+        self.checkpoints_dir = out_dir / CHECKPOINTS
 
     def train(self) -> dict[str, Any]:
         self.build()
@@ -205,7 +207,7 @@ class Trainer:
         self.have_val = has_tokens(tokens_dir / "val")
         val_dirs = (tokens_dir / "val").iterdir() if self.have_val else ()
         val_sources = sorted(d.name for d in val_dirs if has_tokens(d))
-        eos_id = int(json.loads((tokens_dir / "meta.json").read_text())["eos_id"]) if tc.doc_masking else None
+        eos_id = int(read_shards_meta(tokens_dir)["eos_id"]) if tc.doc_masking else None
 
         # Every rank builds the same initial weights from the run seed, then seeds itself (rank_seed).
         # Whole, or on the meta device and then only this rank's shards (train/materialize.py).
@@ -233,14 +235,11 @@ class Trainer:
         )
         self.spikes = SpikeMonitor(alert_policy(tc, self.schedule.warmup))
         self.config_dict = cfg.to_dict()
-        tokens_meta = (
-            json.loads((tokens_dir / "meta.json").read_text()) if (tokens_dir / "meta.json").is_file() else {}
-        )
+        tokens_meta = read_meta_if_any(tokens_dir)
         self.identity = {
             "model_config": cfg.model.__dict__.copy(),
             "vocab_size": vocab_size,
-            "tokenizer_hash": tokens_meta.get("tokenizer_hash")
-            or file_hash(tokenizer_dir / "tokenizer.json"),
+            "tokenizer_hash": tokens_meta.get("tokenizer_hash") or file_hash(tokenizer_dir / TOKENIZER_JSON),
             "data_hash": file_hash(tokens_dir / "shards.json"),
         }
         check_token_inputs(tokens_dir, tokenizer_dir, tokens_meta, vocab_size)

@@ -46,6 +46,7 @@ from smelt.checkpoint.store import (
 )
 from smelt.config import Config
 from smelt.errors import UserError
+from smelt.layout import CHECKPOINTS
 from smelt.progress import log
 from smelt.train.ops.watchdog import SIGNAL_EXIT_CODE, STOPPED_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
 
@@ -360,7 +361,7 @@ def prepare_resume_from(cfg: Config, step: int, restart: bool = False) -> list[P
             f"interrupted run. To train on from step {step} under a changed plan, fork a new run from that "
             f"checkpoint: `smelt train CONFIG --from {cfg.run_dir}:{step} --set run.name=NEW_NAME`."
         )
-    checkpoints_dir = train_dir / "checkpoints"
+    checkpoints_dir = train_dir / CHECKPOINTS
     checkpoint_at_step(checkpoints_dir, step)
     if int(os.environ.get("RANK", "0")) != 0:
         return []
