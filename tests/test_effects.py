@@ -85,3 +85,19 @@ def test_the_average_of_the_last_checkpoints_beats_the_last(stable):
     assert main(["eval", *args[:1], "--checkpoint", "48", "--tasks", "", *args[1:-2],
                  *sets(f"run.dir='{root}'", "run.name='stable-avg3'")]) == 0  # fmt: skip
     assert heldout_loss(avg, 48) < heldout_loss(run, 48)
+
+
+def test_a_fork_of_a_muon_run_takes_its_optimizer_state(tmp_path):
+    # With tied embeddings every decayed matrix is Muon's, which left an empty AdamW group whose state
+    # torch's distributed checkpoint could not load: an anneal of a Muon run failed with an IndexError.
+    from smelt.cli import QUICKSTART_CONFIG
+
+    from .test_pipeline_e2e import TINY
+
+    args = [str(QUICKSTART_CONFIG), *sets(*TINY, "train.micro_batch=2", "train.batch_tokens=256",
+            "train.tokens=4096", "train.warmup_tokens=512", "train.optimizer='muon'", "train.schedule='constant'",
+            "train.threads=1", "train.eval_every=0", "checkpoint.every_steps=8", "eval.tasks=[]",
+            "eval.gallery_tokens=0", "eval.max_bytes=10000", f"run.dir='{tmp_path}'", "run.name='m'")]  # fmt: skip
+    assert main(["run", *args]) == 0
+    fork = ["--from", f"{tmp_path / 'm'}:8", "--decay-tokens", "1024", "--variant", "same"]
+    assert main(["anneal", *args, *fork]) == 0
