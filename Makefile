@@ -31,12 +31,16 @@ install: $(STAMP)
 quickstart: $(BASE_STAMP)
 	$(BIN)/smelt quickstart
 
+# One pytest worker per core (pytest-xdist); each worker and what it starts keeps to one thread
+# (tests/conftest.py). TEST_WORKERS=0 runs the tests in this process.
+TEST_WORKERS ?= 2
+
 test: install
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n $(TEST_WORKERS)
 
 # Unit tests only: everything but the tests marked slow (end-to-end runs, compiled kernels, subprocesses).
 test-fast: install
-	$(BIN)/python -m pytest tests -m "not slow"
+	$(BIN)/python -m pytest tests -m "not slow" -n $(TEST_WORKERS)
 
 bench: install
 	@for f in bench/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
