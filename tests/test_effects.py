@@ -1,8 +1,9 @@
 """One small case per effect that bench/effects.py shows, checking the sign of the effect (not its size)
 through smelt's CLI: SFT lowers the held-out loss of addition problems it never trained on, a WSD decay
 beats the stable run continued at equal tokens, and the average of a constant-LR run's last checkpoints
-beats its last checkpoint. (DPO and GRPO did not show a held-out effect at this scale; tests/posttrain
-checks that each improves what it trains on.)"""
+beats its last checkpoint; and an anneal of a Muon run takes the parent's optimizer state. (DPO and
+GRPO did not show a held-out effect at this scale; tests/posttrain checks that each improves what it
+trains on.)"""
 
 from __future__ import annotations
 
