@@ -40,6 +40,7 @@ LAYERS = [
     {"train", "plan"},
     {"report"},
     {"posttrain", "release"},
+    {"stages"},
     {"pipeline", "rehearse"},
     {"anneal"},
     {"cli"},

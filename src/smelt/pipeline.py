@@ -13,13 +13,12 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from smelt import layout
 from smelt.config import Config
-from smelt.config.data import PLACEMENT_KEYS
 from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, STAGES
 from smelt.lifecycle import (
@@ -33,30 +32,12 @@ from smelt.lifecycle import (
 )
 from smelt.manifest import Stage, hash_file, hash_files, read_manifest, write_json
 from smelt.progress import log
-from smelt.tokens.drop_list import DROP_LIST, drop_inputs, drop_list_path, read_drop_list
+from smelt.stages import STAGE_SPECS, STAGE_TABLE, stage_config
+from smelt.tokens.drop_list import DROP_LIST, drop_inputs
 
-# Stages that pick up an interrupted run where it stopped (per-shard completion markers) instead of
-# starting over; a finished stage whose config or inputs changed always starts from an empty directory.
-RESUMABLE_STAGES = ("curate", "tokenize", "train")
 # Written when a stage starts and removed when it ends: an interrupted stage resumes only when the
 # attempt it would continue had the same config and inputs.
 ATTEMPT = "attempt.json"
-# Which config sections decide each stage's output (its cache key, with its inputs).
-STAGE_SECTIONS = {
-    "curate": ("data",),
-    "tokenizer": ("tokenizer",),
-    "tokenize": ("tokens",),
-    "train": ("model", "train", "checkpoint"),
-    "eval": ("eval",),
-}
-# The stages whose outputs each stage reads.
-STAGE_INPUTS = {
-    "curate": (),
-    "tokenizer": ("curate",),
-    "tokenize": ("curate", "tokenizer"),
-    "train": ("tokenizer", "tokenize"),
-    "eval": ("curate", "tokenizer", "tokenize", "train"),
-}
 
 
 @dataclass
@@ -73,21 +54,7 @@ def stage_dir(cfg: Config, stage: str) -> Path:
 
 
 def _stage_config(cfg: Config, stage: str) -> dict[str, Any]:
-    config = {name: asdict(getattr(cfg, name)) for name in STAGE_SECTIONS[stage]}
-    if stage == "curate":  # the executor and the URL mirror never change the documents
-        config["data"] = {k: v for k, v in config["data"].items() if k not in PLACEMENT_KEYS}
-        if not config["data"]["canaries"]:  # none planted: documents curated before the key stay current
-            del config["data"]["canaries"]
-    if stage == "tokenize":  # the loader's keys (mixture, stages, FIM) do not change the shards
-        config["tokens"] = cfg.tokens.shard_settings()
-    if stage == "train":
-        config["tokens"] = cfg.tokens.loader_settings()
-        config["code_sources"] = sorted(s.name for s in cfg.data.sources if s.code)  # FIM's default
-    if stage in ("tokenizer", "train", "eval"):
-        config["seed"] = cfg.run.seed
-    if stage == "eval":
-        config["seq_len"] = cfg.train.seq_len
-    return config
+    return stage_config(cfg, stage)
 
 
 def _stage_inputs(cfg: Config, stage: str) -> dict[str, str]:
@@ -104,7 +71,7 @@ def _stage_inputs(cfg: Config, stage: str) -> dict[str, str]:
             inputs[f"raw:{source}"] = hash_files(files, root)
         return inputs
     inputs = {}
-    for upstream in STAGE_INPUTS[stage]:
+    for upstream in STAGE_SPECS[stage].inputs:
         manifest = read_manifest(stage_dir(cfg, upstream))
         if manifest is None:
             raise UserError(
@@ -135,52 +102,6 @@ def _read_attempt(directory: Path) -> dict[str, Any] | None:
         return json.loads((directory / ATTEMPT).read_text())
     except (OSError, ValueError):
         return None
-
-
-def _execute(cfg: Config, stage: str, directory: Path, resume: bool = False) -> dict[str, Any]:
-    run_dir = cfg.run_dir
-    if stage == "curate":
-        from smelt.data.curate import curate
-
-        return curate(cfg.data, directory)
-    if stage == "tokenizer":
-        from smelt.tokenizer.train import train_tokenizer
-
-        return train_tokenizer(cfg.tokenizer, run_dir / STAGE_DIRS["curate"], directory, cfg.run.seed)
-    if stage == "tokenize":
-        from smelt.tokens.tokenize import tokenize
-
-        return tokenize(
-            cfg.tokens, run_dir / STAGE_DIRS["curate"], run_dir / STAGE_DIRS["tokenizer"], directory,
-            drops=read_drop_list(drop_list_path(run_dir)),
-        )  # fmt: skip
-    if stage == "train":
-        from smelt.train.trainer import train
-
-        return train(
-            cfg,
-            run_dir / STAGE_DIRS["tokenize"],
-            run_dir / STAGE_DIRS["tokenizer"],
-            directory,
-            resume="auto" if resume else None,
-        )
-    if stage == "eval":
-        from smelt.eval.run import evaluate_run
-
-        return evaluate_run(cfg, run_dir, directory)
-    raise ValueError(stage)
-
-
-# The command that (re)makes each stage's output, for messages about stale or superseded work.
-STAGE_COMMANDS = {
-    "curate": "smelt curate CONFIG",
-    "tokenizer": "smelt tokenizer train CONFIG",
-    "tokenize": "smelt tokenize CONFIG",
-    "train": "smelt train CONFIG",
-    "eval": "smelt eval RUN",
-}
-# Stages a fork takes from its parent run when they would come out the same (the tokenizer always).
-LINKABLE_STAGES = ("curate", "tokenizer", "tokenize")
 
 
 @dataclass
@@ -236,7 +157,7 @@ def assess(cfg: Config, stage: str, force: bool = False, parent: Any = None) -> 
     spec = _stage_spec(cfg, stage)
     manifest = spec.read_manifest()
     attempt = _read_attempt(directory) if manifest is None else None
-    if parent is not None and stage in LINKABLE_STAGES:
+    if parent is not None and STAGE_SPECS[stage].linkable:
         linked = _assess_link(cfg, stage, spec, parent)
         if linked is not None:
             return linked
@@ -252,7 +173,7 @@ def assess(cfg: Config, stage: str, force: bool = False, parent: Any = None) -> 
     if not directory.exists() and not directory.is_symlink():
         return Assessment(spec, "run", [], None)
     changes = _differences(attempt, spec)
-    if changes == [] and stage in RESUMABLE_STAGES:
+    if changes == [] and STAGE_SPECS[stage].resumable:
         return Assessment(spec, "resume", [], None)
     if changes is None:
         changes = ["an interrupted attempt whose config was not recorded"]
@@ -291,7 +212,7 @@ def _assess_link(cfg: Config, stage: str, spec: Stage, parent: Any) -> Assessmen
 def _link_from_parent(cfg: Config, parent: Any, rank: int, timeout_s: float = 120.0) -> None:
     """Before a fork's own stages run: take the parent's tokenizer, and its documents and shards where
     this config would make the same ones (a fork with new data makes its own: `smelt run`)."""
-    for stage in LINKABLE_STAGES:
+    for stage in (spec.name for spec in STAGE_TABLE if spec.linkable):
         directory = stage_dir(cfg, stage)
         if rank != 0:  # rank 0 makes the links; the others wait for them
             deadline = time.time() + timeout_s
@@ -320,12 +241,12 @@ def stale_upstream(cfg: Config, stage: str, parent: Any = None) -> list[str]:
     """Upstream stages of `stage` whose outputs no longer match the config or the artifacts they were
     made from, as lines naming what changed (raw files are not rehashed: `smelt curate` does that)."""
     seen: set[str] = set()
-    todo = list(STAGE_INPUTS[stage])
+    todo = list(STAGE_SPECS[stage].inputs)
     while todo:
         upstream = todo.pop()
         if upstream not in seen:
             seen.add(upstream)
-            todo.extend(STAGE_INPUTS[upstream])
+            todo.extend(STAGE_SPECS[upstream].inputs)
     closure = [s for s in STAGES if s in seen]
     lines = []
     for upstream in closure:
@@ -395,12 +316,12 @@ def _run_stage_locked(
         stale = stale_upstream(cfg, stage, parent)
         if stale:
             raise UserError(
-                f"`{STAGE_COMMANDS[stage]}` would use stale inputs:\n  "
+                f"`{STAGE_SPECS[stage].command}` would use stale inputs:\n  "
                 + "\n  ".join(stale)
                 + "\nRefresh them first (`smelt run CONFIG` reruns every stale stage in order), or undo the "
                 "config change."
             )
-    if parent is not None and stage not in LINKABLE_STAGES:
+    if parent is not None and not STAGE_SPECS[stage].linkable:
         _link_from_parent(cfg, parent, rank)
     found = assess(cfg, stage, force, parent)  # --restart replaces changed work; it never reruns the rest
     spec = found.spec
@@ -432,7 +353,7 @@ def _run_stage_locked(
     else:  # under torchrun: rank 0 prepares the directory; the attempt file says it is ready
         _wait_for_attempt(directory, attempt)
     started = time.time()
-    result = _execute(cfg, stage, directory, resume=found.action == "resume")
+    result = STAGE_SPECS[stage].run(cfg, directory, found.action == "resume")
     if rank != 0:
         return StageOutcome(stage, directory, False, round(time.time() - started, 3), result)
     (directory / ATTEMPT).unlink()
@@ -454,7 +375,7 @@ def preflight(cfg: Config, stages: tuple[str, ...], force: bool = False, restart
     for stage in STAGES:
         if stage not in stages:
             continue
-        upstream = [u for u in STAGE_INPUTS[stage] if u in rerunning]
+        upstream = [u for u in STAGE_SPECS[stage].inputs if u in rerunning]
         directory = stage_dir(cfg, stage)
         try:
             found = assess(cfg, stage, False, parent)
