@@ -13,8 +13,8 @@ Bits per byte from a validation loss: loss x tokens scored / ln 2 / UTF-8 bytes 
 (the tokens include each document's EOS, which the model pays for with no bytes in return, as
 `smelt eval` counts it). xz -9e compresses exactly those bytes.
 
-`--quick` is one seed, the baseline at one LR and no longer than smelt's tokens: a timing rerun on a quiet
-machine in a few minutes. `--threads` sets train.threads and OMP_NUM_THREADS (0: every core).
+`--quick` is one seed, the baseline at the first LR and no longer than smelt's tokens: a timing rerun on a
+quiet machine. `--threads` sets train.threads and OMP_NUM_THREADS (0: every core).
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds")
     p.add_argument("--eval-every", type=int, default=10, help="steps between validations of the whole split")
-    p.add_argument("--baseline-lrs", default="1.5e-3,3e-3,6e-3", help="the baseline's LRs to pick the best of")
+    p.add_argument(
+        "--baseline-lrs", default="1.5e-3,3e-3,6e-3", help="the baseline's LRs to pick the best of"
+    )
     p.add_argument(
         "--baseline-factor",
         type=float,
@@ -124,14 +126,16 @@ def crossing(curve: list[tuple], target: float) -> dict | None:
     return None
 
 
-def train_smelt(a: argparse.Namespace, seed: int, split: dict, env: dict[str, str]) -> dict:
-    sets = [*a.set, f"run.seed={seed}", f"train.eval_every={a.eval_every}", "train.eval_tokens=0",
-            "train.eval_budget=0", "train.log_every=1", f"train.threads={a.threads}", "checkpoint.every_steps=0"]  # fmt: skip
+def train_smelt(
+    a: argparse.Namespace, seed: int, sets: list[str], run_dir: Path, split: dict, env: dict
+) -> dict:
+    sets = [*sets, f"train.eval_every={a.eval_every}", "train.eval_tokens=0", "train.eval_budget=0",
+            "train.log_every=1", f"train.threads={a.threads}", "checkpoint.every_steps=0"]  # fmt: skip
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "smelt.cli", "train", a.config, "--force",
                     *[x for s in sets for x in ("--set", s)]], check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
     wall = time.perf_counter() - started
-    curve, figures = smelt_curve(a.run_dir / "train" / "metrics.jsonl", split)
+    curve, figures = smelt_curve(run_dir / "train" / "metrics.jsonl", split)
     tokens = curve[-1][1]
     return {"seed": seed, "curve": curve, "to_target": crossing(curve, split["xz_bits_per_byte"]),
             "final_bits_per_byte": round(curve[-1][3], 4), "tokens": tokens, "process_wall_s": round(wall, 1),
@@ -199,22 +203,26 @@ def main(argv: list[str] | None = None) -> dict:
     a = parse_args(argv)
     a.seeds = [int(s) for s in a.seeds.split(",")][: 1 if a.quick else None]
     if a.quick:
-        a.baseline_lrs, a.baseline_factor = a.baseline_lrs.split(",")[1 if "," in a.baseline_lrs else 0], 1.0
+        a.baseline_lrs, a.baseline_factor = a.baseline_lrs.split(",")[0], 1.0
     threads = str(a.threads) if a.threads else ""
     env = smelt_env(**({"OMP_NUM_THREADS": threads} if threads else {}), SMELT_QUIET="1")
     from smelt.config import load_config
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(a.work or tmp)
-        a.set = [f"run.dir={work}", *a.set]
-        cfg = load_config(a.config, a.set)
-        a.run_dir = work / cfg.run.name
-        load_before = load_average()
-        prep = prepare(a.config, a.set, env)
+        load_before, preps, smelt_runs = load_average(), [], []
+        for seed in a.seeds:  # the seed draws the tokenizer's sample too: each seed prepares its own data
+            sets = [f"run.dir={work / f'seed{seed}'}", f"run.seed={seed}", *a.set]
+            cfg = load_config(a.config, sets)
+            run_dir = work / f"seed{seed}" / cfg.run.name
+            preps.append(prepare(a.config, sets, env))
+            split = split_figures(run_dir)
+            smelt_runs.append(train_smelt(a, seed, sets, run_dir, split, env))
+        a.run_dir = work / f"seed{a.seeds[0]}" / cfg.run.name
         split = split_figures(a.run_dir)
-        smelt_runs = [train_smelt(a, seed, split, env) for seed in a.seeds]
         baseline = None if a.no_baseline else train_baselines(a, cfg, split, smelt_runs)
         load_after = load_average()
+    prep = {key: [p[key] for p in preps] for key in preps[0]}
     return report(a, cfg, prep, split, smelt_runs, baseline, load_before, load_after)
 
 

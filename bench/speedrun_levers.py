@@ -29,9 +29,12 @@ from common import REPO, smelt_env, write_result
 sys.path.insert(0, str(REPO / "src"))
 
 TOKENS = 307_200  # 75 steps of 4,096 tokens
-# The reference the levers move from: d 128, 4 layers, 4 heads, sequence and batch as the quickstart's.
-SHAPE = ["model.preset=", "model.n_kv_heads=0", "model.max_seq_len=256", "train.warmup_tokens=20480",
-         "train.on_grad_spike=log"]  # fmt: skip
+# The reference the levers move from, pinned whatever configs/quickstart.toml now says: AdamW at 3e-3,
+# cosine to 10%, sequence 256, batch 16 x 256, tied head, no QK-norm; the shape comes with each lever.
+SHAPE = ["model.preset=", "model.n_kv_heads=0", "model.max_seq_len=256", "model.qk_norm=false",
+         "model.tie_embeddings=true", "train.optimizer=adamw", "train.lr=3e-3", "train.schedule=cosine",
+         "train.min_lr_ratio=0.1", "train.seq_len=256", "train.micro_batch=16", "train.batch_tokens=4096",
+         "train.warmup_tokens=20480", "train.on_grad_spike=log"]  # fmt: skip
 D128 = ["model.d_model=128", "model.n_layers=4", "model.n_heads=4"]
 MUON = ["train.optimizer=muon"]
 B2048 = ["train.batch_tokens=2048", "train.micro_batch=8"]
@@ -52,6 +55,10 @@ LEVERS: dict[str, tuple[list[str], str]] = {
     "m_qknorm": ([*D128, f"train.tokens={TOKENS}", *MUON, "model.qk_norm=true"], "Muon, QK-norm"),
     "m_untied": ([*D128, f"train.tokens={TOKENS}", *MUON, "model.tie_embeddings=false"], "Muon, untied head"),
     "m_b2048_wsd": ([*D128, f"train.tokens={TOKENS}", *MUON, *B2048, *WSD], "Muon, half the batch and WSD"),
+    "m_b1024_wsd": ([*D128, f"train.tokens={TOKENS}", *MUON, "train.batch_tokens=1024", "train.micro_batch=4", *WSD],
+                    "Muon, a quarter of the batch and WSD"),
+    "m_b2048_wsd_qk": ([*D128, f"train.tokens={TOKENS}", *MUON, *B2048, *WSD, "model.qk_norm=true"],
+                       "Muon, half the batch, WSD and QK-norm"),
     "m_b2048_wsd_s128": ([*D128, f"train.tokens={TOKENS}", *MUON, *B2048, *WSD, "train.seq_len=128",
                           "train.micro_batch=16"], "Muon, half the batch, WSD, sequence 128 (16 x 128)"),
 }  # fmt: skip
@@ -84,23 +91,40 @@ def run_lever(work: Path, name: str, threads: int, split: dict) -> dict:
             "overrides": LEVERS[name][0]}  # fmt: skip
 
 
-def run_baseline_sweep(work: Path, threads: int, split: dict) -> dict:
+def run_baseline_sweep(work: Path, threads: int, split: dict, long_tokens: int) -> dict:
+    """The baseline at each LR for TOKENS, then its best LR for `long_tokens` (the quickstart's), scored
+    every 40 steps and stopped at the first evaluation below xz."""
     import torch
-    from speedrun import validator
+    from speedrun import crossing, validator
     from speedrun_gpt2 import GPT2Shape, run_baseline
 
     torch.set_num_threads(threads)
     tokens = work / "quickstart" / "tokens"
-    validate, precision = validator(tokens, 256, 16, "bf16", split)
-    shape = GPT2Shape(4096, 128, 4, 4, 256)
+    # The recipe's shape, sequence (128) and batch (2,048 tokens); its own LRs.
+    validate, precision = validator(tokens, 128, 16, "bf16", split)
+    shape = GPT2Shape(4096, 128, 4, 4, 128)
+    common = {
+        "seed": 1,
+        "batch_tokens": 2048,
+        "warmup_tokens": 20480,
+        "validate": validate,
+        "precision": precision,
+    }
     out = {}
     for lr in BASELINE_LRS:
-        r = run_baseline(tokens, shape, lr=lr, seed=1, tokens=TOKENS, batch_tokens=4096, warmup_tokens=20480,
-                         eval_every=10**9, validate=validate, precision=precision)  # fmt: skip
+        r = run_baseline(tokens, shape, lr=lr, tokens=TOKENS, eval_every=10**9, **common)
         out[f"gpt2_lr{lr:g}"] = {"tokens": r["tokens_run"], "bits_per_byte": round(r["curve"][-1][3], 4),
                                  "params": r["params"], "flops_per_token": r["flops_per_token"],
                                  "tokens_per_s_under_load": round(r["tokens_run"] / r["train_s"]),
                                  "what": f"GPT-2-style baseline, AdamW lr {lr:g}"}  # fmt: skip
+    best = min(BASELINE_LRS, key=lambda lr: out[f"gpt2_lr{lr:g}"]["bits_per_byte"])
+    r = run_baseline(tokens, shape, lr=best, tokens=long_tokens, eval_every=40,
+                     stop_below=split["xz_bits_per_byte"], **common)  # fmt: skip
+    out["gpt2_to_target"] = {"lr": best, "tokens_budget": long_tokens, "to_target": crossing(r["curve"], split["xz_bits_per_byte"]),
+                             "best_bits_per_byte": round(min(c[3] for c in r["curve"]), 4), "tokens_run": r["tokens_run"],
+                             "train_s_under_load": round(r["train_s"], 1), "eval_s_under_load": round(r["eval_s"], 1),
+                             "curve": [(c[0], c[1], c[2], round(c[3], 4)) for c in r["curve"]],
+                             "what": "GPT-2-style baseline at its best LR for the quickstart's tokens"}  # fmt: skip
     return out
 
 
@@ -109,6 +133,8 @@ def main() -> None:
     p.add_argument("--work", required=True, help="directory whose quickstart/ holds the prepared data")
     p.add_argument("--only", default="", help="comma-separated lever names (and/or 'baseline'); default all")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="speedrun_levers", help="result name under bench/results/")
+    p.add_argument("--long-tokens", type=int, default=1_000_000, help="the baseline's run to the target")
     a = p.parse_args()
     from speedrun import split_figures
 
@@ -119,10 +145,10 @@ def main() -> None:
     results = {}
     for name in names:
         if name == "baseline":
-            results.update(run_baseline_sweep(work, a.threads, split))
+            results.update(run_baseline_sweep(work, a.threads, split, a.long_tokens))
         else:
             results[name] = run_lever(work, name, a.threads, split)
-    write_result("speedrun_levers", {
+    write_result(a.out, {
         "levers": results, "xz_bits_per_byte": round(split["xz_bits_per_byte"], 4), "threads": a.threads,
         "load_average_before": [round(x, 2) for x in load_before],
         "load_average_after": [round(x, 2) for x in os.getloadavg()], "wall_s": round(time.time() - started),

@@ -70,7 +70,8 @@ def summarize(a, cfg, prep, split, smelt_runs, baseline, load_before, load_after
                         "they are inflated; bits per byte at equal tokens are not") if busy else
                        "the machine was otherwise idle (load average below the core count)",
         "seeds": a.seeds, "eval_every_steps": a.eval_every, "quick": a.quick,
-        "prepare": {**prep, "total_s": round(sum(prep.values()), 2)},
+        "prepare_s": {key: spread(values) for key, values in prep.items()},
+        "prepare_total_s": spread([sum(v) for v in zip(*prep.values(), strict=True)]),
         "val_bytes": split["val_bytes"], "val_tokens": split["val_tokens"],
         "xz_bits_per_byte": round(split["xz_bits_per_byte"], 4),
         "gzip_bits_per_byte": round(split["gzip_bits_per_byte"], 4),

@@ -18,7 +18,9 @@ def test_quickstart_config_is_valid():
     cfg = load_config(REPO / "configs" / "quickstart.toml")
     assert cfg.run.name == "quickstart"
     assert cfg.data.sources[0].root == "{stdlib}"
-    assert cfg.model.preset == "small-5m" and cfg.model.d_model == 256
+    # The speedrun's recipe (docs/benchmarks.md, "Speedrun"): d 128, 4 layers, Muon, WSD, batch 16 x 128.
+    assert cfg.model.d_model == 128 and cfg.model.n_layers == 4 and cfg.train.optimizer == "muon"
+    assert cfg.train.schedule == "wsd" and cfg.train.batch_tokens == 16 * cfg.train.seq_len == 2048
 
 
 def test_overrides_are_typed_and_nested():

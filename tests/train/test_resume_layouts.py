@@ -28,12 +28,13 @@ KILLER = Path(__file__).with_name("killed_cli.py")
 # of 128 tokens in micro batches of 8: 2 micro batches on one process, PP2 and TP2 (one data-parallel
 # rank), 1 on each FSDP2 rank. fp32 and Adam eps 1e-6 so that layouts agree to rounding
 # (test_tensor_parallel.raw_config); synchronous checkpoints, so step 4's is committed before step 5.
+# AdamW, not the quickstart's Muon, which needs whole matrices (FSDP2 and TP shard them).
 SETTINGS = [
     "data.sources.0.max_files=80", "tokenizer.vocab_size=512", "tokenizer.sample_bytes=1000000",
     "model.preset='tiny-1m'", "model.max_seq_len=128", "model.tie_embeddings=false",
     "train.seq_len=128", "train.micro_batch=8", "train.batch_tokens=2048", f"train.tokens={2048 * STEPS}",
     "train.warmup_tokens=4096", "train.eval_every=0", "train.eval_tokens=2048", "train.log_every=1",
-    "train.precision='fp32'", "train.compile=false", "train.threads=1", "train.eps=1e-6",
+    "train.precision='fp32'", "train.compile=false", "train.optimizer='adamw'", "train.threads=1", "train.eps=1e-6",
     f"checkpoint.every_steps={CHECKPOINT_AT}", "checkpoint.async_save=false",
 ]  # fmt: skip
 ENV = {"OMP_NUM_THREADS": "1", "SMELT_QUIET": "1", "SMELT_PEAK_FLOPS": "1e12"}
