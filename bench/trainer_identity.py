@@ -20,7 +20,7 @@ from pathlib import Path
 TIMING_KEYS = frozenset(
     {"elapsed_s", "tokens_per_s", "mfu", "loader_wait_s", "loader_wait_share", "memory_mb", "wall_time_s",
      "eval_s", "eval_share", "predicted_s", "train_s", "seconds", "time", "save_s", "blocked_s", "write_s",
-     "peak_flops", "stall_s", "mfu_model", "step_time_s", "step_time_p50_s", "step_time_p99_s",
+     "peak_flops", "peak_flops_source", "stall_s", "mfu_model", "step_time_s", "step_time_p50_s", "step_time_p99_s",
      "checkpoint_wait_s", "rank_step_time_p50_s", "rank_step_time_p99_s", "rank_own_time_p50_s"}
 )  # fmt: skip
 

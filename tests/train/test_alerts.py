@@ -217,10 +217,10 @@ def test_spike_statistics_start_after_warmup():
 @pytest.mark.slow
 def test_fp16_overflow_skips_the_update_and_halves_the_loss_scale(data, tmp_path, monkeypatch):  # noqa: F811
     # fp16 is refused on CPU by configuration; the loss-scaling path itself runs on CPU autocast.
-    from smelt.train import trainer
+    from smelt.train import build
     from smelt.train.precision import Precision
 
-    monkeypatch.setattr(trainer, "resolve_precision", lambda name, device: Precision("fp16", "cpu"))
+    monkeypatch.setattr(build, "resolve_precision", lambda name, device: Precision("fp16", "cpu"))
     real_forward = Transformer.forward
     calls = {"n": 0}
 

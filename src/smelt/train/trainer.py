@@ -26,64 +26,42 @@ from typing import Any
 import torch
 
 from smelt.checkpoint.failures import CheckpointSaveError
-from smelt.checkpoint.lineage import check_fits, load_parent, resolve_parent
 from smelt.checkpoint.saver import Checkpointer
 from smelt.checkpoint.store import (
-    load_training_state,
-    restore_rng,
     rng_state,
-    set_aside_after,
     step_dir_name,
 )
 from smelt.config import Config, hash_json
-from smelt.errors import UserError
-from smelt.eval.heldout import training_mixture
-from smelt.layout import CHECKPOINTS, TOKENIZER_JSON
-from smelt.model.flops import count_params, flops_conventions
+from smelt.layout import CHECKPOINTS
 from smelt.model.moe import router_metrics, update_expert_bias
-from smelt.tokens.shards import read_meta as read_shards_meta
-from smelt.tokens.shards import read_meta_if_any
+from smelt.model.transformer import Transformer
 from smelt.train.alerts import AlertDispatch, Decision, SpikeMonitor
-from smelt.train.batching import batch_plan
+from smelt.train.batching import BatchPlan
+from smelt.train.build import TrainerBuild
+from smelt.train.cadence import Every
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
 from smelt.train.goodput import clock, timed
-from smelt.train.health import health_alerts
-from smelt.train.materialize import build_training_model
-from smelt.train.monitors import MetricsLog, supersede_after_resume
+from smelt.train.monitors import MetricsLog
 from smelt.train.ops.watchdog import StopSignals, stop_on_signal
-from smelt.train.optim import build_optimizer, set_lr
+from smelt.train.optim import set_lr
 from smelt.train.parallel.distributed import (
     DistContext,
     device_for,
     env_world,
-    from_main,
     process_group,
-    rank_seed,
 )
-from smelt.train.parallel.mesh import mesh_for
-from smelt.train.precision import peak_flops, resolve_precision
+from smelt.train.parallel.mesh import TrainMesh
+from smelt.train.precision import Precision
 from smelt.train.records import announce, mfu_fields, summary
 from smelt.train.setup import (
-    agreed_resume,
-    alert_policy,
-    build_schedule,
-    check_token_inputs,
     clipped_norm,
-    file_hash,
-    has_tokens,
-    inloop_evaluator,
     losses_by_source,
     memory_mb,
-    metric_sinks,
-    read_vocab_size,
     resolve_device,
     set_deterministic,
-    torch_threads,
 )
-from smelt.train.speed import training_forward
 from smelt.train.spike_watch import SpikeTriage
 from smelt.train.step import finish_grads, forward_backward
-from smelt.train.telemetry import telemetry_for
 from smelt.train.window import Window
 
 
@@ -111,11 +89,47 @@ def train(
         return Trainer(cfg, tokens_dir, tokenizer_dir, out_dir, resume, ctx, device, started).train()
 
 
-class Trainer:
+class Trainer(TrainerBuild):
     """One training run inside the process group that `train` sets up. `train()` reads as its phases:
     build, resume, then per step: next batch, step (forward, backward, gradients), apply-or-skip,
     log window, evaluate, checkpoint; then finish. The state lives in small objects with state_dict():
-    the loader, the spike monitor (alerts.py), the window statistics (window.py), the checkpointer."""
+    the loader, the spike monitor (alerts.py), the window statistics (window.py), the checkpointer.
+    Each periodic part decides when it is due (cadence.py, inloop, telemetry, the checkpointer's poll).
+    The parts, made by build() and resume() (build.py):"""
+
+    # the layout and the model
+    mesh: TrainMesh
+    sharded: bool  # each rank holds a shard of the weights (FSDP2 or TP)
+    model: Transformer  # the model itself; `wrapped` is what the step calls (DDP, FSDP2, TP, PP)
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any  # fp16's loss scaler, or None
+    precision: Precision
+    forward: Any  # the (compiled or not) training forward, speed.py
+    # the data
+    plan: BatchPlan
+    loader: Any  # tokens.loader.TokenLoader
+    data_plan: Any
+    mixture: Any  # tokens.mixture.MixtureMonitor
+    parent: Any  # a fork's parent checkpoint, or None
+    schedule: Any  # train/schedule.py
+    # what watches the run
+    spikes: SpikeMonitor
+    alerts: AlertDispatch
+    telemetry: Any  # telemetry.py
+    triage: SpikeTriage
+    window: Window
+    validation: Validation | None
+    inloop: Any  # eval/inloop.py, or None
+    eval_budget: EvalBudget
+    log_cadence: Every
+    eval_cadence: Every
+    save_cadence: Every
+    # what it writes
+    metrics: MetricsLog
+    checkpointer: Checkpointer
+    identity: dict[str, Any]  # what a checkpoint must match to be resumed (model, vocab, tokenizer, data)
+    start_step: int
 
     def __init__(
         self,
@@ -159,164 +173,34 @@ class Trainer:
                 for part in parts:
                     self.write_all(self.mixture.update(part.step, part.source_counts))
                 self.write_all(self.checkpointer.poll())
-                if step == 1 or step % tc.log_every == 0 or step == plan.steps:
+                if self.log_cadence.due(step):
                     self.log_window(step, tokens, lr, norm, parts[-1].stage.name)
                 stop_on_signal(self, step)
-                if step < plan.steps and tc.eval_every and step % tc.eval_every == 0:
+                if self.eval_cadence.due(step):
                     self.evaluate(step, self.window.train_time)
                 if self.inloop is not None and self.inloop.due(step) and (self.sharded or self.ctx.is_main):
                     self.evaluate_inloop(step, tokens)
-                every = self.cfg.checkpoint.every_steps
-                if step < plan.steps and every and step % every == 0:
+                if self.save_cadence.due(step):
                     self.checkpoint(step)
                 self.watchdog.beat(step)
             self.finish()
         except CheckpointSaveError as exc:
             with contextlib.suppress(OSError):  # a disk that is still full may refuse even these lines
                 self.metrics.write(exc.event(plan.tokens_at(exc.step)))
-                self.metrics.write({"kind": "event", "step": exc.step, "tokens": plan.tokens_at(exc.step),
-                                    "event": "end", "status": "failed", "error": str(exc)})  # fmt: skip
+                self.metrics.write(
+                    {
+                        "kind": "event",
+                        "step": exc.step,
+                        "tokens": plan.tokens_at(exc.step),
+                        "event": "end",
+                        "status": "failed",
+                        "error": str(exc),
+                    }
+                )
             raise
         finally:
             self.close()
         return summary(self)
-
-    # --- build ------------------------------------------------------------------------------------
-
-    def build(self) -> None:
-        """Model, optimizer, loader, schedule, monitors and the run's identity; checks the inputs."""
-        from smelt.tokens.loader import TokenLoader  # lazy: tokens/ is a sibling stage
-        from smelt.tokens.mixture import MixtureMonitor
-
-        cfg, tc, ctx, device = self.cfg, self.tc, self.ctx, self.device
-        tokens_dir, tokenizer_dir = self.tokens_dir, self.tokenizer_dir
-        self.rank, self.world_size = ctx.rank, ctx.world_size
-        self.mesh = mesh_for(
-            cfg, ctx.rank, ctx.world_size, device
-        )  # TP ranks share rows: train/parallel/mesh.py
-        self.sharded = ctx.distributed and (tc.parallel == "fsdp" or self.mesh.tensor_parallel)
-        self.plan = plan = batch_plan(tc, self.mesh.layout.dp)
-        self.precision = resolve_precision(tc.precision, device)
-        torch.set_num_threads(tc.threads or torch_threads())
-        self.vocab_size = vocab_size = read_vocab_size(tokenizer_dir)
-        if not has_tokens(tokens_dir / "train"):
-            raise UserError(
-                f"no training tokens under {tokens_dir / 'train'} (no non-empty .bin shard). "
-                f"Run `smelt tokenize CONFIG` first, or check the tokens directory."
-            )
-        self.have_val = has_tokens(tokens_dir / "val")
-        val_dirs = (tokens_dir / "val").iterdir() if self.have_val else ()
-        val_sources = sorted(d.name for d in val_dirs if has_tokens(d))
-        eos_id = int(read_shards_meta(tokens_dir)["eos_id"]) if tc.doc_masking else None
-
-        # Every rank builds the same initial weights from the run seed, then seeds itself (rank_seed).
-        # Whole, or on the meta device and then only this rank's shards (train/materialize.py).
-        self.model, self.wrapped, _ = build_training_model(cfg, vocab_size, ctx, device, self.mesh)
-        model = self.model
-        torch.manual_seed(rank_seed(cfg.run.seed, self.rank, "train"))
-        self.optimizer = build_optimizer(model, tc, device)
-        self.scaler = self.precision.grad_scaler()
-        self.parent = resolve_parent(tc.init_from) if tc.init_from else None  # a fork reads on from its data
-        self.loader = TokenLoader.from_config(
-            cfg, tokens_dir, tokenizer_dir, self.mesh.data_rank, self.mesh.layout.dp, plan=plan,
-            parent=self.parent.checkpoint if self.parent is not None else None,
-        )  # fmt: skip
-        self.data_plan = data_plan = self.loader.plan
-        self.mixture = MixtureMonitor(data_plan, cfg.tokens.mixture_window, cfg.tokens.drift_tolerance)
-        self.telemetry = telemetry_for(self)  # activations, logits, Adam moments, update ratios
-
-        self.params = count_params(cfg.model, vocab_size)
-        self.flops_tok, self.model_flops_tok = flops_conventions(cfg.model, vocab_size, tc.seq_len)
-        peak = from_main(ctx, device, lambda: peak_flops(device, self.precision))  # one figure for every rank
-        self.peak_total = peak * self.world_size if peak else None
-        self.forward = training_forward(self)  # compiled or not (train.compile), the loss chunks
-        self.schedule = build_schedule(
-            tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
-        )
-        self.spikes = SpikeMonitor(alert_policy(tc, self.schedule.warmup))
-        self.config_dict = cfg.to_dict()
-        tokens_meta = read_meta_if_any(tokens_dir)
-        self.identity = {
-            "model_config": cfg.model.__dict__.copy(),
-            "vocab_size": vocab_size,
-            "tokenizer_hash": tokens_meta.get("tokenizer_hash") or file_hash(tokenizer_dir / TOKENIZER_JSON),
-            "data_hash": file_hash(tokens_dir / "shards.json"),
-        }
-        check_token_inputs(tokens_dir, tokenizer_dir, tokens_meta, vocab_size)
-        if self.parent is not None:
-            check_fits(self.parent, self.identity["model_config"], vocab_size)
-            self.identity["parent"] = self.parent.record()
-        # Each validation source is scored once; the headline weighs their losses by the training
-        # mixture (an aggregate can fall while one domain regresses, so per-source losses are logged too).
-        self.validation = Validation(
-            tokens_dir, val_sources, tc.seq_len, tc.eval_tokens, tc.micro_batch, self.precision, device,
-            eos_id, training_mixture(cfg, tokens_dir),
-        ) if self.have_val else None  # fmt: skip
-        self.eval_budget = EvalBudget(tc.eval_budget)
-        self.val_record: dict[str, Any] = {}  # the figures of the last evaluation that ran
-        self.window = Window(list(data_plan.sources))
-
-    # --- resume -----------------------------------------------------------------------------------
-
-    def resume(self) -> None:
-        """Continue from a checkpoint (weights, optimizer, RNG, loader, scaler, alert history) or start a
-        fork from its parent's weights; set aside what this run will write again; open metrics.jsonl."""
-        ctx, plan, resume = self.ctx, self.plan, self.resume_arg
-        self.start_step = 0
-        self.resume_from, self.resume_warnings = agreed_resume(resume, self.checkpoints_dir, ctx)
-        self.rank_state: dict[str, Any] | None = None
-        ckpt_meta: dict[str, Any] = {}
-        if self.resume_from is not None:
-            ckpt_meta, self.rank_state = load_training_state(
-                self.resume_from, self.model, self.optimizer, expected=self.identity
-            )
-            self.start_step = int(ckpt_meta["step"])
-            # "auto" finding the final checkpoint: the process ended between that save and the end of
-            # the stage (a crash, a kill); finish the bookkeeping instead of training. A checkpoint named
-            # explicitly at the end is a request to continue a finished run, which cannot be done exactly.
-            if self.start_step >= plan.steps and str(resume) != "auto":
-                raise UserError(
-                    f"checkpoint {self.resume_from} is at step {self.start_step}, the end of this run "
-                    f"({plan.steps} steps): the run is complete. Train again without resume or into another "
-                    f"directory (a longer run is a new data plan and learning-rate schedule, so it cannot "
-                    f"continue this one exactly)."
-                )
-            self.loader.load_state_dict(ckpt_meta["loader"])
-            if self.rank_state is not None:
-                restore_rng(self.rank_state["rng"], self.device)
-            if self.scaler is not None and ckpt_meta.get("scaler"):
-                self.scaler.load_state_dict(ckpt_meta["scaler"])
-            if ckpt_meta.get("alerts"):
-                self.spikes.load_state_dict(ckpt_meta["alerts"])
-            self.mixture.resume(self.loader.step + 1, self.loader.source_counts)
-        elif self.parent is not None:  # a fork's first step starts from the parent's exact weights
-            load_parent(self.parent, self.model, self.optimizer, self.tc.init_optimizer)
-        # What this run writes again is moved aside, never overwritten: the checkpoints after its
-        # starting step (damaged ones passed over, newer ones than --resume-from) and the metrics
-        # records after it.
-        self.set_aside = set_aside_after(self.checkpoints_dir, self.start_step) if ctx.is_main else []
-        self.superseded = 0
-        if self.resume_from is not None and ctx.is_main:
-            own = self.resume_from.resolve().parent == self.checkpoints_dir.resolve()  # offset into this file
-            self.superseded = supersede_after_resume(
-                self.out_dir / "metrics.jsonl", self.start_step,
-                ckpt_meta.get("metrics_offset") if own else None, rerun_final=self.start_step >= plan.steps,
-            )  # fmt: skip
-        checkpoint = self.cfg.checkpoint
-        self.checkpointer = Checkpointer(
-            self.checkpoints_dir, checkpoint.keep_last, checkpoint.async_save,
-            checkpoint.milestone_every_steps, checkpoint.milestone_every_tokens,
-        )  # fmt: skip
-        self.metrics = MetricsLog(
-            self.out_dir / "metrics.jsonl", enabled=ctx.is_main, append=self.resume_from is not None,
-            sinks=metric_sinks(self.cfg, self.out_dir) if ctx.is_main else None,
-            watch=health_alerts(self.tc, say) if ctx.is_main else None,  # run-health alerts: health.py
-        )  # fmt: skip
-        self.alerts = AlertDispatch(
-            self.spikes, self.checkpointer, self.metrics, self.scaler, self.out_dir.parent
-        )
-        self.inloop = inloop_evaluator(self.cfg, self.tokenizer_dir, self.device, plan.steps)
-        self.triage = SpikeTriage.of(self)
 
     # --- one step ---------------------------------------------------------------------------------
 
@@ -328,11 +212,19 @@ class Trainer:
         for part in parts:
             if part.step == part.stage.first_step:
                 first, last = part.stage.first_step, part.stage.last_step
-                self.metrics.write({"kind": "event", "step": step - 1, "tokens": plan.tokens_at(step - 1),
-                                    "event": "stage", "stage": part.stage.name, "index": part.stage.index,
-                                    "first_step": plan.step_of_loader_step(first),
-                                    "last_step": plan.step_of_loader_step(last),
-                                    "weights": part.stage.weights})  # fmt: skip
+                self.metrics.write(
+                    {
+                        "kind": "event",
+                        "step": step - 1,
+                        "tokens": plan.tokens_at(step - 1),
+                        "event": "stage",
+                        "stage": part.stage.name,
+                        "index": part.stage.index,
+                        "first_step": plan.step_of_loader_step(first),
+                        "last_step": plan.step_of_loader_step(last),
+                        "weights": part.stage.weights,
+                    }
+                )
         return parts
 
     def step(self, parts: list[Any]) -> tuple[float, float]:
@@ -341,10 +233,19 @@ class Trainer:
         tc, synced = self.tc, time.perf_counter()  # every collective of the step is in this section
         micro = [m for part in parts for m in part.micro] if len(parts) > 1 else parts[-1].micro
         loss_t, _, source_sums = forward_backward(
-            self.wrapped, self.forward, micro, precision=self.precision, scaler=self.scaler, mode=tc.parallel,
-            world_size=self.mesh.layout.dp, doc_masking=tc.doc_masking, device=self.device,
-            sources=self.window.sources, group=self.mesh.data_group, loss_context=self.mesh.loss_context,
-        )  # fmt: skip
+            self.wrapped,
+            self.forward,
+            micro,
+            precision=self.precision,
+            scaler=self.scaler,
+            mode=tc.parallel,
+            world_size=self.mesh.layout.dp,
+            doc_masking=tc.doc_masking,
+            device=self.device,
+            sources=self.window.sources,
+            group=self.mesh.data_group,
+            loss_context=self.mesh.loss_context,
+        )
         self.window.add_sources(source_sums)
         norm_t = finish_grads(self.model, self.optimizer, self.scaler, tc.grad_clip, self.sharded)
         loss, norm = (
@@ -385,22 +286,31 @@ class Trainer:
         tps = window.tokens_per_s()
         self.last_log_loss = window.mean_loss()
         ranked, stragglers = window.ranks.window_fields(step, tokens, tc.straggler_ratio, self.device)
-        self.metrics.write({
-            "kind": "train", "step": step, "tokens": tokens,
-            **({"batch_tokens": tokens - plan.tokens_at(step - 1)} if plan.units else {}),
-            "loss": self.last_log_loss if window.losses else None, "lr": lr,
-            "grad_norm": norm if math.isfinite(norm) else None,
-            "grad_norm_clipped": clipped_norm(norm, tc.grad_clip),
-            "clipped": bool(tc.grad_clip > 0 and norm > tc.grad_clip),
-            "clip_fraction": window.clipped / steps_in_window, "skipped": window.skipped,
-            "tokens_per_s": tps, **mfu_fields(self, tps),
-            "stage": stage, "loader_wait_s": window.wait / steps_in_window,
-            "loader_wait_share": window.wait / max(window.time, 1e-9),
-            "memory_mb": memory_mb(self.device),
-            **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
-            **losses_by_source(window.sources, window.source_sums),
-            **ranked, **clock(self.started),
-        })  # fmt: skip
+        self.metrics.write(
+            {
+                "kind": "train",
+                "step": step,
+                "tokens": tokens,
+                **({"batch_tokens": tokens - plan.tokens_at(step - 1)} if plan.units else {}),
+                "loss": self.last_log_loss if window.losses else None,
+                "lr": lr,
+                "grad_norm": norm if math.isfinite(norm) else None,
+                "grad_norm_clipped": clipped_norm(norm, tc.grad_clip),
+                "clipped": bool(tc.grad_clip > 0 and norm > tc.grad_clip),
+                "clip_fraction": window.clipped / steps_in_window,
+                "skipped": window.skipped,
+                "tokens_per_s": tps,
+                **mfu_fields(self, tps),
+                "stage": stage,
+                "loader_wait_s": window.wait / steps_in_window,
+                "loader_wait_share": window.wait / max(window.time, 1e-9),
+                "memory_mb": memory_mb(self.device),
+                **({"loss_scale": scaler.get_scale()} if scaler is not None else {}),
+                **losses_by_source(window.sources, window.source_sums),
+                **ranked,
+                **clock(self.started),
+            }
+        )
         self.write_all(stragglers)  # printed by rank 0 (goodput.RankTimes.window_fields)
         moe_fields = router_metrics(self.model)  # every rank: the loads are summed over ranks
         if moe_fields:
@@ -426,16 +336,32 @@ class Trainer:
                 budget.skipped += 1
                 if budget.skipped == 1 and self.ctx.is_main:
                     say(skip_note(step, predicted, budget, train_s))
-                self.metrics.write({"kind": "event", "step": step, "tokens": tokens_now, "event": "eval_skipped",
-                                    "predicted_s": round(predicted, 3), "eval_s": round(budget.eval_s, 3),
-                                    "train_s": round(train_s, 3), "eval_budget": self.tc.eval_budget})  # fmt: skip
+                self.metrics.write(
+                    {
+                        "kind": "event",
+                        "step": step,
+                        "tokens": tokens_now,
+                        "event": "eval_skipped",
+                        "predicted_s": round(predicted, 3),
+                        "eval_s": round(budget.eval_s, 3),
+                        "train_s": round(train_s, 3),
+                        "eval_budget": self.tc.eval_budget,
+                    }
+                )
                 return None
         result = validation.run(self.forward, desc=f"validation at step {step}", show=self.ctx.is_main)
         budget.record(result.seconds, result.tokens)
         self.val_record.clear()
         self.val_record.update(result.fields())
-        self.metrics.write({"kind": "eval", "step": step, "tokens": tokens_now, **result.fields(),
-                            "eval_share": budget.share_of(train_s)})  # fmt: skip
+        self.metrics.write(
+            {
+                "kind": "eval",
+                "step": step,
+                "tokens": tokens_now,
+                **result.fields(),
+                "eval_share": budget.share_of(train_s),
+            }
+        )
         return self.expect.observed(self.metrics, step, tokens_now, result.loss)  # train.expect's alert
 
     def evaluate_inloop(self, step: int, tokens: int) -> None:
@@ -479,11 +405,22 @@ class Trainer:
         self.write_all(self.checkpointer.close())
         self.write_all(self.triage.finish(plan.steps, plan.tokens))
         self.final = self.checkpoints_dir / step_dir_name(plan.steps)
-        self.metrics.write({"kind": "event", "step": plan.steps, "tokens": plan.tokens, "event": "end",
-                            "status": "ok", "wall_time_s": time.time() - self.started, "time": time.time(),
-                            "skipped_steps": self.alerts.skipped_total, "rollbacks": self.alerts.rollbacks,
-                            "eval_s": round(budget.eval_s, 3), "evals": budget.runs,
-                            "evals_skipped": budget.skipped})  # fmt: skip
+        self.metrics.write(
+            {
+                "kind": "event",
+                "step": plan.steps,
+                "tokens": plan.tokens,
+                "event": "end",
+                "status": "ok",
+                "wall_time_s": time.time() - self.started,
+                "time": time.time(),
+                "skipped_steps": self.alerts.skipped_total,
+                "rollbacks": self.alerts.rollbacks,
+                "eval_s": round(budget.eval_s, 3),
+                "evals": budget.runs,
+                "evals_skipped": budget.skipped,
+            }
+        )
 
     def close(self) -> None:
         self.watchdog.stop()
