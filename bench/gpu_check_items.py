@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from common import smelt_env
 
-from smelt.train.goodput import read_records
+from smelt.metric_records import read_records
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

@@ -68,5 +68,4 @@ def test_the_training_forward_applies_the_setting():
         precision=SimpleNamespace(name="bf16"),
         plan=SimpleNamespace(batch_tokens=4096, steps=10), device=torch.device("cpu"),
     )  # fmt: skip
-    training_forward(t)
-    assert t.host_memory_note.startswith("train.keep_host_memory = false")
+    assert training_forward(t).host_memory_note.startswith("train.keep_host_memory = false")

@@ -35,6 +35,7 @@ from smelt.config import hash_json
 from smelt.errors import UserError
 from smelt.layout import CHECKPOINTS
 from smelt.progress import log, progress
+from smelt.train.cadence import Every
 from smelt.train.ops.watchdog import StopRequested
 from smelt.train.schedule import Schedule
 
@@ -152,6 +153,10 @@ class Loop:
         """Steps start_step .. steps; returns the last step's stats (empty for a run of no steps)."""
         stage, o = self.stage, self.stage.cfg.optim
         stop = StopSignal()
+        # The pretraining trainer's cadences (train/cadence.py): the last step's eval and save are finish()'s.
+        log_due = Every(o.log_every, self.steps, first=True, at_last=True)
+        eval_due = Every(o.eval_every, self.steps)
+        save_due = Every(o.checkpoint_every, self.steps)
         bar = progress(total=self.steps, desc=stage.name, unit="step")
         bar.update(self.start_step)
         with stop.installed():
@@ -161,11 +166,11 @@ class Loop:
                 stats = stage.timed(lambda index=index, lr=lr, step=step: step_fn(index, lr, step))
                 stage.tokens += int(stats.pop("tokens"))
                 self.carry["last_train"] = dict(stats)  # what a summary reads, also after a resume at the end
-                if (step + 1) % o.log_every == 0 or step == 0 or step + 1 == self.steps:
+                if log_due.due(step + 1):
                     stage.log_record({"kind": "train", "step": step + 1, "tokens": stage.tokens, **stats, "lr": lr,
                                       "tokens_per_s": stage.tokens_per_s()})  # fmt: skip
                 done = step + 1 == self.steps
-                if heldout is not None and o.eval_every and (step + 1) % o.eval_every == 0 and not done:
+                if heldout is not None and eval_due.due(step + 1):
                     heldout(step + 1)
                 bar.update(1)
                 bar.set_postfix({show: f"{stats.get(show, float('nan')):.3f}"})
@@ -177,7 +182,7 @@ class Loop:
                         f"{step + 1}; checkpoint {path}. Run the same command again to resume.",
                         stop.signum,
                     )
-                if o.checkpoint_every and (step + 1) % o.checkpoint_every == 0 and not done:
+                if save_due.due(step + 1):
                     self.save(step + 1)
         bar.close()
         return dict(self.carry.get("last_train", {}))

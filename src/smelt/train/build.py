@@ -6,6 +6,7 @@ typed, at the top of `Trainer` (trainer.py), whose `train()` is the loop.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +39,7 @@ from smelt.train.setup import (
     file_hash,
     has_tokens,
     inloop_evaluator,
+    last_logged_loss,
     metric_sinks,
     read_vocab_size,
     torch_threads,
@@ -102,7 +104,12 @@ class TrainerBuild:
         self.flops_tok, self.model_flops_tok = flops_conventions(cfg.model, vocab_size, tc.seq_len)
         peak = from_main(ctx, device, lambda: peak_flops(device, self.precision))  # one figure for every rank
         self.peak_total = peak * self.world_size if peak else None
-        self.forward = training_forward(self)  # compiled or not (train.compile), the loss chunks
+        forward = training_forward(self)  # compiled or not (train.compile), the loss chunks
+        self.forward, self.compile_note, self.host_memory_note = (
+            forward.call,
+            forward.compile_note,
+            forward.host_memory_note,
+        )
         self.schedule = build_schedule(
             tc, plan, [plan.step_of_loader_step(stage.first_step) for stage in data_plan.stages]
         )
@@ -210,3 +217,7 @@ class TrainerBuild:
         )
         self.inloop = inloop_evaluator(self.cfg, self.tokenizer_dir, self.device, plan.steps)
         self.triage = SpikeTriage.of(self)
+        # A run resumed at its end logs the loss it had already logged; validation figures come later.
+        self.last_log_loss = last_logged_loss(self.out_dir) if self.start_step >= plan.steps else float("nan")
+        self.last_val: float | None = None
+        self.final: Path | None = None

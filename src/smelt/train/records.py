@@ -16,16 +16,17 @@ from smelt.progress import log, progress
 from smelt.train.goodput import StepMarker, run_goodput, say_interval_hint
 from smelt.train.ops.watchdog import Watchdog
 from smelt.train.precision import peak_source
-from smelt.train.setup import last_logged_loss, write_run_manifest
+from smelt.train.setup import write_run_manifest
 from smelt.train.trajectory import Expectation
 
 
-def announce(t: Any) -> None:
-    """The records before the first step (start or resume, notes, the data plan), the run manifest,
-    the progress bar and the watchdog."""
+def announce(t: Any) -> tuple[Expectation, Any, Watchdog]:
+    """Write the records before the first step (start or resume, notes, the data plan) and the run
+    manifest; returns the run's expected trajectory (train.expect), its progress bar and its watchdog
+    (not started)."""
     ctx, tc, plan, schedule = t.ctx, t.tc, t.plan, t.schedule
     resume_from, start_step, parent = t.resume_from, t.start_step, t.parent
-    t.expect = Expectation.load(t)  # train.expect: a bad fit file stops here, before any record
+    expect = Expectation.load(t)  # train.expect: a bad fit file stops here, before any record
     start_tokens = plan.tokens_at(start_step)
     # How far the process this one resumes from got (goodput's redone steps), before this one's marker.
     reached = StepMarker.read(t.out_dir) if resume_from is not None and ctx.is_main else None
@@ -53,9 +54,9 @@ def announce(t: Any) -> None:
     if ctx.is_main:
         write_run_manifest(
             t.out_dir, t.cfg, t.identity, resume_from, start_step, t.world_size, t.device,
-            t.precision.name, t.expect.manifest(),
+            t.precision.name, expect.manifest(),
         )  # fmt: skip
-        t.expect.announce(t.metrics, start_step, start_tokens)
+        expect.announce(t.metrics, start_step, start_tokens)
     for warning in t.resume_warnings:
         note(t, "alert", start_step, f"warning: {warning}", {
             "alert": "damaged_checkpoint", "action": "fallback" if resume_from else "start_over",
@@ -77,19 +78,12 @@ def announce(t: Any) -> None:
         message = f"no validation tokens under {t.tokens_dir / 'val'}; skipping validation"
         note(t, "note", 0, message, {"message": message})
 
-    t.bar = progress(total=plan.steps, unit="step") if ctx.is_main else tqdm(disable=True)
-    t.bar.update(start_step)
-    if parent is not None and resume_from is None:  # the fork point, scored on this run's own val data
-        t.evaluate(0, 0.0, final=True)
-    t.last_log_loss = last_logged_loss(t.out_dir) if start_step >= plan.steps else float("nan")
-    t.last_val = None
-    t.final = None
-    t.wrapped.train()
+    bar = progress(total=plan.steps, unit="step") if ctx.is_main else tqdm(disable=True)
+    bar.update(start_step)
     # A hung collective or a stuck filesystem never raises; the watchdog turns it into a crash
     # (with every thread's stack) that a supervisor can restart from the last checkpoint.
     name = "watchdog.log" if t.rank == 0 else f"watchdog_rank{t.rank}.log"
-    t.watchdog = Watchdog(tc.watchdog_s, t.out_dir / name)
-    t.watchdog.start()
+    return expect, bar, Watchdog(tc.watchdog_s, t.out_dir / name)
 
 
 def note(t: Any, event: str, step: int, shown: str, fields: dict[str, Any]) -> None:

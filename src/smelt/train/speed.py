@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,20 +115,28 @@ def enable_compile_cache() -> Path:
     return path
 
 
-def training_forward(t: Any) -> Callable[..., Any]:
-    """The forward a Trainer's steps call (compiled or not, the reason kept as t.compile_note for the
-    start record); sets the model's chunk of loss rows from train.loss_chunk_tokens and applies
-    train.keep_host_memory (what it did kept as t.host_memory_note). Reads the
-    trainer's config, model, plan, FLOPs per token and peak."""
+@dataclass(frozen=True)
+class TrainingForward:
+    """What the Trainer's steps call, and why: the start record says both notes."""
+
+    call: Callable[..., Any]  # the model under its layout, compiled or not (train.compile)
+    compile_note: str
+    host_memory_note: str  # what train.keep_host_memory did
+
+
+def training_forward(t: Any) -> TrainingForward:
+    """The forward a Trainer's steps call (compiled or not); sets the model's chunk of loss rows from
+    train.loss_chunk_tokens and applies train.keep_host_memory. Reads the trainer's config, model, plan,
+    FLOPs per token and peak."""
     tc = t.tc
-    t.host_memory_note = host_memory_note(tc.keep_host_memory, t.device.type)
+    memory_note = host_memory_note(tc.keep_host_memory, t.device.type)
     t.model.loss_chunk_rows = tc.loss_chunk_tokens
     step_s = estimated_step_s(t.flops_tok, t.plan.batch_tokens, t.peak_total)
     excluded = auto_compile_excluded(t.cfg, t.world_size)
-    compiled, t.compile_note = should_compile(
+    compiled, compile_note = should_compile(
         tc.compile, t.device.type, t.plan.steps, step_s, excluded, t.precision.name
     )
     if not compiled:
-        return t.wrapped
+        return TrainingForward(t.wrapped, compile_note, memory_note)
     enable_compile_cache()
-    return torch.compile(t.wrapped)
+    return TrainingForward(torch.compile(t.wrapped), compile_note, memory_note)

@@ -42,7 +42,7 @@ from smelt.train.cadence import Every
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
 from smelt.train.goodput import clock, timed
 from smelt.train.monitors import MetricsLog
-from smelt.train.ops.watchdog import StopSignals, stop_on_signal
+from smelt.train.ops.watchdog import StopSignals, Watchdog, stop_on_signal
 from smelt.train.optim import set_lr
 from smelt.train.parallel.distributed import (
     DistContext,
@@ -62,6 +62,7 @@ from smelt.train.setup import (
 )
 from smelt.train.spike_watch import SpikeTriage
 from smelt.train.step import finish_grads, forward_backward
+from smelt.train.trajectory import Expectation
 from smelt.train.window import Window
 
 
@@ -130,6 +131,11 @@ class Trainer(TrainerBuild):
     checkpointer: Checkpointer
     identity: dict[str, Any]  # what a checkpoint must match to be resumed (model, vocab, tokenizer, data)
     start_step: int
+    expect: Expectation  # train.expect's predicted curve and its alert (trajectory.py)
+    bar: Any
+    watchdog: Watchdog
+    compile_note: str
+    host_memory_note: str
 
     def __init__(
         self,
@@ -150,7 +156,8 @@ class Trainer(TrainerBuild):
     def train(self) -> dict[str, Any]:
         self.build()
         self.resume()
-        announce(self)
+        self.expect, self.bar, self.watchdog = announce(self)
+        self.begin()
         plan, tc = self.plan, self.tc
         try:
             for step in range(self.start_step + 1, plan.steps + 1):
@@ -201,6 +208,13 @@ class Trainer(TrainerBuild):
         finally:
             self.close()
         return summary(self)
+
+    def begin(self) -> None:
+        """A fork scores its starting point on its own validation data; then training mode, the watchdog."""
+        if self.parent is not None and self.resume_from is None:
+            self.evaluate(0, 0.0, final=True)
+        self.wrapped.train()
+        self.watchdog.start()
 
     # --- one step ---------------------------------------------------------------------------------
 
