@@ -23,7 +23,7 @@ def test_data_file_errors(tmp_path):
     with pytest.raises(UserError, match=r"bad.jsonl:1: \"messages\" must be a non-empty list"):
         read_chat(bad)
     bad.write_text('{"messages": [{"role": "user", "content": "x"}]}\n{oops\n')
-    with pytest.raises(UserError, match=r"bad.jsonl:2 is not valid JSON"):
+    with pytest.raises(UserError, match=r"bad.jsonl line 2 is not JSON"):
         read_chat(bad)
     bad.write_text('{"messages": [{"role": "user", "content": "x"}]}\n')
     with pytest.raises(UserError, match=r"no record is a hh-rlhf pair .*is this the right data.format"):

@@ -197,7 +197,7 @@ def test_a_run_that_fails_on_input_leaves_no_stub_and_no_lock(base_run, tmp_path
         '{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}\n{oops\n'
     )
     out = tmp_path / "runs" / "sft-x"
-    with pytest.raises(UserError, match=r"bad.jsonl:2 is not valid JSON"):
+    with pytest.raises(UserError, match=r"bad.jsonl line 2 is not JSON"):
         run_sft(_sft(base_run, out, {"format": "chat", "path": str(bad), "heldout": 0}))
     assert not (tmp_path / "runs").exists()  # neither the run nor the folder made for it
     # A run directory that was there before stays, without the lock.

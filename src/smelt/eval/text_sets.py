@@ -18,7 +18,6 @@ A window's bytes are those of the tokens it predicts (the tokenizer's bytes per 
 from __future__ import annotations
 
 import gzip
-import json
 import lzma
 import math
 import zlib
@@ -29,6 +28,7 @@ import numpy as np
 
 from smelt.errors import UserError
 from smelt.eval.compress import gzip_bits_per_byte, xz_bits_per_byte
+from smelt.jsonl import json_objects
 
 if TYPE_CHECKING:  # reading a set (smelt tokenizer eval --data) imports no torch
     import torch
@@ -59,15 +59,9 @@ def _jsonl_texts(path: Path, field: str) -> list[str]:
     texts = []
     try:
         with opener(path, "rt", encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"--data {path} line {number} is not JSON ({exc.msg}).") from None
-                if not isinstance(record, dict) or not isinstance(record.get(field), str):
-                    keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+            for number, record in json_objects(handle, path, "--data", "Fix or remove that line."):
+                if not isinstance(record.get(field), str):
+                    keys = sorted(record)
                     raise UserError(
                         f"--data {path} line {number} has no string `{field}` field (its keys: {keys}); "
                         f"name the field with --data-field."

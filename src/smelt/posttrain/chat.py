@@ -21,6 +21,7 @@ from typing import Any
 
 from smelt.chat_template import ROLES
 from smelt.errors import UserError
+from smelt.jsonl import json_objects
 
 _CALC = re.compile(r"<<[^<>]*>>")
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -50,18 +51,7 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise UserError(f"data file {path} does not exist; check posttrain data.path.")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise UserError(
-                    f"{path}:{number} is not valid JSON ({exc}); fix or remove the line."
-                ) from exc
-            if not isinstance(record, dict):
-                raise UserError(f"{path}:{number} must be a JSON object.")
-            yield number, record
+        yield from json_objects(handle, path, "data file", "Fix or remove the line (posttrain data.path).")
 
 
 # --- answers -----------------------------------------------------------------------------------
