@@ -160,3 +160,29 @@ def test_sft_on_two_fsdp2_processes_matches_one(base_run, tmp_path):
     summary = json.loads((two / "summary.json").read_text())
     assert summary["world_size"] == 2
     assert abs(summary["val_loss"] - json.loads((one / "summary.json").read_text())["val_loss"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_grpo_on_two_fsdp2_processes_matches_one(base_run, tmp_path):
+    """Every rank samples every group (the ranks stay in step through the sharded forwards) and trains
+    on its share of the replies; the losses are normalised over all of them."""
+    one = tmp_path / "one"
+    raw = raw_config("grpo", base_run, one, steps=4)
+    raw["optim"].update(checkpoint_every=0, eval_every=0)
+    run_grpo(config_from_dict(raw))
+    two = tmp_path / "two"
+    raw["run"]["out"] = str(two)
+    config = tmp_path / "grpo.toml"
+    config.write_text(toml_text(raw))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    result = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "smelt", "posttrain",
+                             "run", str(config)], env=smelt_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    a = [r for r in progress_records(one) if r["kind"] == "train"]
+    b = [r for r in progress_records(two) if r["kind"] == "train"]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    assert any(r["grad_norm"] > 0 for r in a)  # the comparison is between runs that moved
+    for x, y in zip(a, b, strict=True):
+        assert x["reward"] == y["reward"]  # the same samples on every rank
+        for key in ("loss", "kl", "grad_norm"):
+            assert abs(x[key] - y[key]) < 1e-5, (key, x[key], y[key])
