@@ -137,49 +137,45 @@ def test_sigterm_saves_and_exits_75_then_the_run_resumes(base_run, tmp_path):
     assert steps == list(range(1, 401))  # no step lost, none twice
 
 
-@pytest.mark.slow
-def test_sft_on_two_fsdp2_processes_matches_one(base_run, tmp_path):
-    one = tmp_path / "one"
-    raw = raw_config("sft", base_run, one, steps=20)
-    raw["optim"].update(checkpoint_every=10, eval_every=0)
-    run_sft(config_from_dict(raw))
-    two = tmp_path / "two"
+def one_and_two_processes(stage: str, raw: dict, tmp_path: Path) -> tuple[list[dict], list[dict]]:
+    """The train records of `raw` run here, and of the same config on 2 FSDP2 processes (torchrun)."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    raw["run"]["out"] = str(one)
+    RUNNERS[stage](config_from_dict(raw))
     raw["run"]["out"] = str(two)
-    config = tmp_path / "sft.toml"
+    config = tmp_path / f"{stage}.toml"
     config.write_text(toml_text(raw))
     torchrun = Path(sys.executable).with_name("torchrun")
     result = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "smelt", "posttrain",
                              "run", str(config), "--set", "run.parallel=fsdp"],
                             env=smelt_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    a = [r for r in progress_records(one) if r["kind"] == "train"]
-    b = [r for r in progress_records(two) if r["kind"] == "train"]
+    return tuple([r for r in progress_records(out) if r["kind"] == "train"] for out in (one, two))  # type: ignore[return-value]
+
+
+@pytest.mark.slow
+def test_sft_on_two_fsdp2_processes_matches_one(base_run, tmp_path):
+    raw = raw_config("sft", base_run, tmp_path / "one", steps=20)
+    raw["optim"].update(checkpoint_every=10, eval_every=0)
+    a, b = one_and_two_processes("sft", raw, tmp_path)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 21))
     for x, y in zip(a, b, strict=True):
         assert abs(x["loss"] - y["loss"]) < 1e-5 and abs(x["grad_norm"] - y["grad_norm"]) < 1e-5
-    summary = json.loads((two / "summary.json").read_text())
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["world_size"] == 2
-    assert abs(summary["val_loss"] - json.loads((one / "summary.json").read_text())["val_loss"]) < 1e-5
+    assert (
+        abs(summary["val_loss"] - json.loads((tmp_path / "one" / "summary.json").read_text())["val_loss"])
+        < 1e-5
+    )
 
 
 @pytest.mark.slow
 def test_grpo_on_two_fsdp2_processes_matches_one(base_run, tmp_path):
     """Every rank samples every group (the ranks stay in step through the sharded forwards) and trains
     on its share of the replies; the losses are normalised over all of them."""
-    one = tmp_path / "one"
-    raw = raw_config("grpo", base_run, one, steps=4)
+    raw = raw_config("grpo", base_run, tmp_path / "one", steps=4)
     raw["optim"].update(checkpoint_every=0, eval_every=0)
-    run_grpo(config_from_dict(raw))
-    two = tmp_path / "two"
-    raw["run"]["out"] = str(two)
-    config = tmp_path / "grpo.toml"
-    config.write_text(toml_text(raw))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    result = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "smelt", "posttrain",
-                             "run", str(config)], env=smelt_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    a = [r for r in progress_records(one) if r["kind"] == "train"]
-    b = [r for r in progress_records(two) if r["kind"] == "train"]
+    a, b = one_and_two_processes("grpo", raw, tmp_path)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
     assert any(r["grad_norm"] > 0 for r in a)  # the comparison is between runs that moved
     for x, y in zip(a, b, strict=True):
