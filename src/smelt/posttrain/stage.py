@@ -253,7 +253,8 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
         raise UserError(
             f"run.out = {cfg.run.out!r} is the parent run itself; a {name} stage writes a new run."
         )
-    resolve_lr(cfg, name, read_meta(parent.checkpoint, verify=False)["model_config"])
+    meta = read_meta(parent.checkpoint, verify=False)
+    resolve_lr(cfg, name, meta["model_config"])
     resume_from = None
     if committed_checkpoints(out_dir / "train") and not force:
         latest, _ = latest_valid_checkpoint(checkpoints_dir(out_dir))
@@ -265,7 +266,7 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
                 f"and start again, or choose another run.out."
             )
     resolve_device(cfg.run.device)  # the user error for a missing CUDA device
-    rank, world_size, local_rank = env_world()
+    local_rank = env_world()[2]
     device = device_for(cfg.run.device, local_rank)
     from smelt.train.parallel.distributed import init_distributed
 
@@ -273,7 +274,6 @@ def open_stage(cfg: PostTrainConfig, name: str, force: bool = False) -> Stage:
     host_memory = host_memory_note(True, device.type)  # as pretraining's default: train/ops/host_memory.py
     torch.manual_seed(cfg.run.seed)
     tokenizer = Tokenizer.load(parent.run_dir / "tokenizer")
-    meta = read_meta(parent.checkpoint, verify=False)
     if int(meta["vocab_size"]) != tokenizer.vocab_size:
         raise UserError(
             f"{parent.checkpoint} has vocab size {meta['vocab_size']} but {parent.run_dir / 'tokenizer'} has "
