@@ -36,12 +36,13 @@ NAMES = ("sft", "dpo", "grpo", "anneal", "averaging", "moe", "context", "muon")
 
 
 def runner(name: str):
-    import effects_posttrain as post
-    import effects_pretrain as pre
+    import importlib
 
-    return {"sft": post.sft_effect, "dpo": post.dpo_effect, "grpo": post.grpo_effect,
-            "anneal": pre.anneal_effect, "averaging": pre.averaging_effect, "moe": pre.moe_effect,
-            "context": pre.context_effect, "muon": pre.muon_effect}[name]  # fmt: skip
+    module, function = {"sft": ("effects_posttrain", "sft_effect"), "dpo": ("effects_posttrain", "dpo_effect"),
+                        "grpo": ("effects_posttrain", "grpo_effect"), "anneal": ("effects_pretrain", "anneal_effect"),
+                        "averaging": ("effects_pretrain", "averaging_effect"), "moe": ("effects_moe", "moe_effect"),
+                        "context": ("effects_context", "context_effect"), "muon": ("effects_moe", "muon_effect")}[name]  # fmt: skip
+    return getattr(importlib.import_module(module), function)
 
 
 def main() -> None:

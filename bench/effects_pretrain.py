@@ -1,5 +1,5 @@
-"""The pretraining effects of bench/effects.py: anneal, checkpoint averaging (and EMA), MoE, context
-extension, Muon against AdamW.
+"""The pretraining effects of bench/effects.py: anneal and checkpoint averaging (and EMA); MoE and Muon
+are in bench/effects_moe.py, context extension in bench/effects_context.py.
 
 Anneal and averaging share one stable run per seed: prose and code from the shared corpus (70/30), the
 tiny-1m shape, 480 steps of 256 tokens at a constant LR of 2e-2 after warmup, a checkpoint every 20
@@ -167,26 +167,3 @@ def averaging_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
                            last, ema, 0.0, better="lower")  # fmt: skip
     result["disjoint"] = "held-out loss on the validation split, which no run trains on"
     return result
-
-
-def not_run(why: str) -> dict:
-    return {"shown": None, "status": "not run", "why": why}
-
-
-def moe_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
-    return not_run(
-        "not measured in this round: the machine's time went to the effects before it in the "
-        "issue's priority order; bench/results/moe.json (one seed) is the latest figure"
-    )
-
-
-def context_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
-    return not_run(
-        "not measured in this round: needs a base trained on synthetic key-value retrieval "
-        "documents to retrieve at 256 tokens first; bench/results/lifecycle.json (one seed) "
-        "has passkey accuracy at chance before and after extension"
-    )
-
-
-def muon_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
-    return not_run("not measured in this round (report only in the issue)")
