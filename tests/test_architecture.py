@@ -23,15 +23,14 @@ LAYERS = [
         "layout",
         "executors",
         "progress",
-        "arguments",
         "metric_records",
         "canaries",
         "numbers",
+        "tables",
     },
     {"benchmark_files"},
-    {"config", "manifest", "lifecycle"},
+    {"config", "manifest"},
     {"storage"},  # local paths and URLs of inputs and outputs (data, tokens and the pipeline use it)
-    {"summary"},
     {"model"},
     {"data", "tokenizer"},
     {"tokens"},
@@ -39,10 +38,10 @@ LAYERS = [
     {"eval"},
     {"train", "plan"},
     {"report"},
+    # The stages of a run directory: their table, the pipeline, lifecycle (staleness, stage locks, moving
+    # superseded work aside), the summary and anneal forks. Post-training stages use its locks.
+    {"run", "rehearse"},
     {"posttrain", "release"},
-    {"stages"},
-    {"pipeline", "rehearse"},
-    {"anneal"},
     {"cli"},
     {"__main__"},  # `python -m smelt` is the CLI
 ]

@@ -65,7 +65,7 @@ def test_unknown_executor_is_a_user_error():
 
 def test_where_tasks_run_is_not_part_of_the_curate_stage_key(tmp_path):
     from smelt.config import load_config
-    from smelt.pipeline import _stage_config
+    from smelt.run.pipeline import _stage_config
 
     path = tmp_path / "run.toml"
     path.write_text(f'[run]\ndir = "{tmp_path}"\n[[data.sources]]\nname = "a"\nroot = "{tmp_path}"\n')

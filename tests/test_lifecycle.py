@@ -15,7 +15,7 @@ import torch
 from smelt.checkpoint.store import list_checkpoints, load_model, read_meta
 from smelt.cli import QUICKSTART_CONFIG, main
 from smelt.errors import UserError
-from smelt.lifecycle import changed_keys, stage_lock, trajectory_config
+from smelt.run.lifecycle import changed_keys, stage_lock, trajectory_config
 
 from .test_pipeline_e2e import TINY
 

@@ -1,9 +1,9 @@
-"""A stage's lock (lifecycle.stage_lock): one writer per stage, and nothing left behind on any way out."""
+"""A stage's lock (run/lifecycle.stage_lock): one writer per stage, and nothing left behind on any way out."""
 
 import pytest
 
 from smelt.errors import UserError
-from smelt.lifecycle import stage_lock
+from smelt.run.lifecycle import stage_lock
 
 
 def test_the_lock_goes_with_its_holder_and_a_second_writer_is_refused(tmp_path):

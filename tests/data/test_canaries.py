@@ -65,7 +65,7 @@ def test_exposures_double_up_to_32_and_repeat():
 
 def test_no_canaries_leave_the_curate_stage_hash_as_before_the_key_existed():
     from smelt.config import Config
-    from smelt.pipeline import _stage_config
+    from smelt.run.pipeline import _stage_config
 
     cfg = Config()
     assert "canaries" not in _stage_config(cfg, "curate")["data"]  # a manifest written before the key matches

@@ -141,7 +141,7 @@ def test_store_files_are_read_by_the_tasks_not_the_driver(speeches, tmp_path, mo
 
 def test_a_stores_files_key_the_curate_stage_by_their_listed_versions(speeches, tmp_path, monkeypatch):
     from smelt.config import load_config
-    from smelt.pipeline import _stage_inputs
+    from smelt.run.pipeline import _stage_inputs
 
     store = tmp_path / "store"
     shutil.copytree(speeches, store / "bucket" / "corpus")

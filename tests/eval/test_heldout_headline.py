@@ -11,7 +11,7 @@ from smelt.config import config_from_dict
 from smelt.eval.heldout import heldout_bits_per_byte, token_shares, training_mixture, weighted_loss
 from smelt.report.run import Run
 from smelt.report.train_sections import loss_section
-from smelt.summary import by_source_row, eval_rows, eval_time, val_weighting
+from smelt.run.summary import by_source_row, eval_rows, eval_time, val_weighting
 from smelt.tokenizer.load import Tokenizer
 from smelt.tokens.shards import ShardSet
 

@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 from smelt.config import config_from_dict
-from smelt.pipeline import StageOutcome
-from smelt.summary import print_summary, summarize
+from smelt.run.pipeline import StageOutcome
+from smelt.run.summary import print_summary, summarize
 
 TRAIN = {
     "params_total": 1, "params_non_embedding": 1, "steps": 2, "tokens": 4096, "tokens_per_s": 10.0,

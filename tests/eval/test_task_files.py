@@ -309,14 +309,14 @@ def test_window_bytes_follow_the_tokens_and_scale_when_they_do_not_add_up():
 def test_plain_smelt_eval_rescores_a_changed_task_file_when_the_stage_is_up_to_date(
     run, counted, monkeypatch
 ):
-    import smelt.pipeline
+    import smelt.run.pipeline
 
     root, cfg = run
     cfg.eval.tasks = ["copa", "piqa"]
     write_json(root / "config.json", cfg.to_dict())
     evaluate_checkpoints(cfg, root, "latest")  # what the pipeline's eval stage wrote
-    stage = smelt.pipeline.StageOutcome("eval", root / "eval", True, 0.0, {})  # its manifest: up to date
-    monkeypatch.setattr(smelt.pipeline, "run_stage", lambda *args, **kwargs: stage)
+    stage = smelt.run.pipeline.StageOutcome("eval", root / "eval", True, 0.0, {})  # its manifest: up to date
+    monkeypatch.setattr(smelt.run.pipeline, "run_stage", lambda *args, **kwargs: stage)
     (Path(cfg.eval.tasks_dir) / "piqa.toml").write_text(PIQA_TOML + "# edited\n")
     assert main(["eval", str(root)]) == 0
     assert counted["tasks"] == ["copa", "piqa", "piqa"] and counted["heldout"] == [1]

@@ -15,7 +15,6 @@ import pytest
 
 from smelt.data.dedup.decontam import overlapping_items
 from smelt.errors import UserError
-from smelt.lifecycle import stage_lock
 from smelt.posttrain.chat import addition_heldout, addition_items, heldout_addition_problems, write_jsonl
 from smelt.posttrain.config import config_from_dict
 from smelt.posttrain.data import conversation_split, pair_split
@@ -26,6 +25,7 @@ from smelt.posttrain.evaluate import (
     trained_addition_digits,
 )
 from smelt.posttrain.sft import run_sft
+from smelt.run.lifecycle import stage_lock
 
 LONG = "Natalia sold clips to {n} of her friends in April, and then she sold half as many clips in May."
 

@@ -98,7 +98,7 @@ def tiny_release_config(root: Path) -> Config:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> tuple[Path, Config]:
-    from smelt.pipeline import STAGES, run_pipeline
+    from smelt.run.pipeline import STAGES, run_pipeline
 
     root = tmp_path_factory.mktemp("release")
     cfg = tiny_release_config(root)

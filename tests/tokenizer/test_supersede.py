@@ -10,7 +10,7 @@ import pytest
 
 from smelt.cli import QUICKSTART_CONFIG, main
 from smelt.layout import MARKER, checkpoints_dir, step_dir_name
-from smelt.lifecycle import costly_work
+from smelt.run.lifecycle import costly_work
 
 MOVED = "previous output (what the 1 committed checkpoint in train/ was trained with) moved to"
 TINY = ["data.sources.0.max_files=40", "tokenizer.vocab_size=512", "tokenizer.sample_bytes=300000"]

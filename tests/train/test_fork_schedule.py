@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from smelt.anneal import anneal_overrides
 from smelt.config import load_config
+from smelt.run.anneal import anneal_overrides
 from smelt.train.batching import batch_plan
 from smelt.train.schedule import Schedule, lr_at
 from smelt.train.setup import build_schedule

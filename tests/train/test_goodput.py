@@ -266,7 +266,7 @@ def test_two_process_training_names_the_rank_whose_loader_sleeps(tmp_path, capsy
 
 
 def test_the_pipeline_summary_prints_goodput_and_the_interval_hint():
-    from smelt.summary import goodput_rows
+    from smelt.run.summary import goodput_rows
 
     figures = {"goodput": 0.8, "wall_s": 100.0, "restart_downtime_s": 0.0, "lost_s": 5.0,
                "checkpoint_stall_s": 3.0, "eval_s": 2.0, "other_s": 10.0,

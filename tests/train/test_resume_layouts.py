@@ -1,5 +1,5 @@
 """An interrupted run resumes under another layout by relaunching `smelt train CONFIG`, not by forking:
-the parallel degrees and strategy are the run's layout, not its plan (lifecycle.LAYOUT_KEYS), so the
+the parallel degrees and strategy are the run's layout, not its plan (config/train.py LAYOUT_KEYS), so the
 train stage resumes from its newest checkpoint and DCP reshards it. PP2 -> one process, one process ->
 PP2 and FSDP2 -> TP2, each killed after step 6 (checkpoint at 4) on real gloo processes, log the
 uninterrupted one-process run's losses at every step."""
@@ -17,7 +17,8 @@ import pytest
 
 from smelt.checkpoint.store import list_checkpoints
 from smelt.cli import QUICKSTART_CONFIG, main
-from smelt.lifecycle import LAYOUT_KEYS, changed_keys
+from smelt.config.train import LAYOUT_KEYS
+from smelt.run.lifecycle import changed_keys
 
 RUN = "layouts"
 STEPS = 8

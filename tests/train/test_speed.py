@@ -11,7 +11,7 @@ import torch
 from helpers import build_model, tiny_model_config
 from smelt.config import config_from_dict
 from smelt.model.flops import count_params, flops_conventions, flops_per_token, mfu, model_flops_per_token
-from smelt.summary import mfu_text
+from smelt.run.summary import mfu_text
 from smelt.train.optim import build_optimizer
 from smelt.train.speed import (
     ASSUMED_EAGER_MFU,

@@ -162,7 +162,7 @@ def test_telemetry_changes_nothing_in_the_run(data, tmp_path, moe):  # noqa: F81
 def test_telemetry_and_alert_keys_never_invalidate_a_stage():
     """Switching telemetry, update ratios or a run-health threshold on an existing run stops nothing:
     they read the run and log (a run recorded before the keys existed stays up to date)."""
-    from smelt.lifecycle import changed_keys
+    from smelt.run.lifecycle import changed_keys
     from smelt.train.health import KEYS
 
     old = {"train": {"lr": 0.003, "monitor_every": 0}}

@@ -10,7 +10,7 @@ import pytest
 from helpers import write_token_data
 from smelt.config import config_from_dict
 from smelt.errors import UserError
-from smelt.lifecycle import changed_keys
+from smelt.run.lifecycle import changed_keys
 from smelt.train.trajectory import Expectation, band_at, read_curve
 
 CURVE = {

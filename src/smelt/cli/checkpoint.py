@@ -135,7 +135,7 @@ def _drill(args: argparse.Namespace) -> int:
 def _export_hf(args: argparse.Namespace) -> int:
     from smelt.checkpoint.export import export_hf
     from smelt.layout import checkpoints_dir, resolve_checkpoints
-    from smelt.summary import flat, print_table
+    from smelt.tables import flat, print_table
 
     run = Path(args.run)
     (checkpoint,) = resolve_checkpoints(checkpoints_dir(run), args.checkpoint, allow_all=False)

@@ -88,7 +88,7 @@ def _curate(args: argparse.Namespace) -> int:
 def _quality_train(args: argparse.Namespace) -> int:
     from smelt.config import load_config
     from smelt.data.quality import train_quality
-    from smelt.summary import flat, print_table
+    from smelt.tables import flat, print_table
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out) if args.out else cfg.run_dir / "quality" / "model.safetensors"

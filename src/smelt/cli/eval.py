@@ -58,7 +58,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from smelt.summary import eval_rows, print_table
+    from smelt.run.summary import eval_rows
+    from smelt.tables import print_table
 
     cfg = config_for_run(args.run, args.overrides)
     if args.tasks_dir is not None:
@@ -70,7 +71,7 @@ def _eval(args: argparse.Namespace) -> int:
             cfg, args.checkpoint, args.tasks, args.limit, args.force, args.data, args.data_field
         )
     from smelt.eval.run import TasksLeftOut, evaluate_checkpoints, write_views
-    from smelt.pipeline import run_stage
+    from smelt.run.pipeline import run_stage
 
     try:
         outcome = run_stage(cfg, "eval", force=args.force, check_upstream=True)
@@ -126,7 +127,8 @@ def _eval_checkpoint(
     """Score what the checkpoints' step files lack of what was asked for, and print what was asked
     for (a step file may hold more: other tasks and text sets scored before)."""
     from smelt.eval.run import TasksLeftOut, evaluate_checkpoints, plan_request
-    from smelt.summary import eval_rows, print_table
+    from smelt.run.summary import eval_rows
+    from smelt.tables import print_table
 
     if limit is not None and limit < 0:
         raise UserError(f"--limit {limit} must be 0 (every item) or a positive number of items per task.")
@@ -171,7 +173,7 @@ def data_rows(result: dict, labels: list[str]) -> list[tuple[str, str]]:
 
 def _contamination(cfg: Config, args: argparse.Namespace) -> int:
     from smelt.eval.contamination_run import contamination_rows, evaluate_contamination
-    from smelt.summary import print_table
+    from smelt.tables import print_table
 
     if args.data:
         raise UserError("--contamination and --data are separate runs: drop --data, or run it on its own.")

@@ -74,7 +74,7 @@ def with_init_from(overrides: list[str], init_from: str | None) -> list[str]:
 
 
 def _quickstart(args: argparse.Namespace) -> int:
-    from smelt.pipeline import STAGES
+    from smelt.run.pipeline import STAGES
 
     overrides = list(args.overrides)
     if args.run_dir:
@@ -83,7 +83,7 @@ def _quickstart(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from smelt.pipeline import STAGES, run_pipeline
+    from smelt.run.pipeline import STAGES, run_pipeline
 
     overrides = with_init_from(args.overrides, args.init_from)
     cfg = load_config(args.config, overrides)
@@ -108,9 +108,9 @@ def _run(args: argparse.Namespace) -> int:
 def run_all(cfg: Config, force: bool, stages: tuple[str, ...], restart: bool = False) -> int:
     """Run `stages` in order, write RUN/summary.json and the run report, print the summary."""
     from smelt.manifest import write_json
-    from smelt.pipeline import run_pipeline
     from smelt.report.single import write_run_report
-    from smelt.summary import print_summary, summarize
+    from smelt.run.pipeline import run_pipeline
+    from smelt.run.summary import print_summary, summarize
 
     started = time.time()
     outcomes = run_pipeline(cfg, stages, force=force, restart=restart)
@@ -131,9 +131,9 @@ def run_stage_command(
 ) -> int:
     """`smelt curate|tokenizer train|tokenize|train CONFIG`: run one stage (checking that its inputs
     are current), then print its result."""
-    from smelt.pipeline import run_stage
     from smelt.progress import launch_rank
-    from smelt.summary import flat, print_table
+    from smelt.run.pipeline import run_stage
+    from smelt.tables import flat, print_table
 
     cfg = load_config(config, overrides)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)

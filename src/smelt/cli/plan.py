@@ -11,7 +11,7 @@ from smelt.cli.arguments import group
 from smelt.cli.rehearse import add_rehearse_parser
 from smelt.errors import UserError
 from smelt.numbers import number, number_list, number_pair
-from smelt.summary import print_table
+from smelt.tables import print_table
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -416,9 +416,9 @@ def _ladder(args: argparse.Namespace) -> int:
         if len(written) > 1:
             print(f"written: {written[1]} (sbatch after the first four lines of commands.sh)")
     elif args.run:
-        from smelt.pipeline import run_stage
         from smelt.plan.ladder_run import MIN_RUNS_TO_FIT, run_and_fit
         from smelt.plan.scaling import report_text
+        from smelt.run.pipeline import run_stage
 
         plan = {"config": str(args.config), "overrides": list(args.overrides), "vocab_size": vocab}
         results, report = run_and_fit(cfg, rungs, plan, run_stage, args.force, args.bootstrap, args.isoflop)

@@ -52,7 +52,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from smelt.posttrain.config import load_posttrain_config
-    from smelt.summary import flat, print_table
+    from smelt.tables import flat, print_table
 
     cfg = load_posttrain_config(args.config, args.overrides)
     if cfg.stage == "sft":
@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     from smelt.posttrain.evaluate import evaluate_run
-    from smelt.summary import flat, print_table
+    from smelt.tables import flat, print_table
 
     if args.addition_digits is not None and not 1 <= args.addition_digits <= 9:
         raise UserError(f"--addition-digits {args.addition_digits} must lie in [1, 9] (digits per operand).")

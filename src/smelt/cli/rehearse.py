@@ -13,7 +13,7 @@ from smelt.numbers import number
 from smelt.plan.ladder import ladder_vocab
 from smelt.plan.memory import Cluster, ModelShape
 from smelt.rehearse import describe, global_batch, plan_rehearsal, run_rehearsal
-from smelt.summary import print_table
+from smelt.tables import print_table
 
 
 def rehearse_command(args: argparse.Namespace) -> int:

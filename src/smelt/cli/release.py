@@ -57,7 +57,7 @@ def parse_licenses(items: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from smelt.summary import print_table
+    from smelt.tables import print_table
 
     if args.verify is not None:
         if args.run or args.out:

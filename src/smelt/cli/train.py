@@ -146,8 +146,8 @@ def _train_check(config: str, overrides: list[str]) -> int:
 
 
 def _anneal(args: argparse.Namespace) -> int:
-    from smelt.anneal import parse_variants, run_anneals, table
-    from smelt.summary import print_table
+    from smelt.run.anneal import parse_variants, run_anneals, table
+    from smelt.tables import print_table
 
     comparison = run_anneals(
         args.config, args.overrides, args.parent, args.decay_tokens, parse_variants(args.variant),

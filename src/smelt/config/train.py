@@ -7,6 +7,24 @@ from dataclasses import dataclass
 
 from smelt.config.fields import option
 
+# How the processes of a launch split the work: the parallel degrees and strategy. With the world size
+# (never a key) they are the run's layout, not its plan: the global batch (train.batch_tokens), the data
+# order and the model are the same under any of them, and DCP reshards a checkpoint onto the new layout,
+# so an interrupted run resumes under any layout that fits (docs/distributed.md). train.micro_batch
+# stays in the plan: MoE balancing losses and expert capacity are per micro batch, and with
+# train.batch_tokens = 0 it sets the global batch.
+LAYOUT_KEYS = frozenset(
+    {
+        "parallel",
+        "data_parallel",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "pipeline_schedule",
+        "context_parallel",
+        "expert_parallel",
+    }
+)
+
 
 @dataclass
 class TrainConfig:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from smelt.lifecycle import LAYOUT_KEYS
+from smelt.config.train import LAYOUT_KEYS
 from smelt.plan.memory import Layout
 
 
@@ -20,7 +20,7 @@ def train_keys(layout: Layout, global_batch_tokens: int) -> tuple[dict[str, Any]
     which the plan's activation memory assumes; a pipelined model must have untied embeddings
     (`smelt train --check` names model.tie_embeddings otherwise).
 
-    The parallel keys are the run's layout (lifecycle.LAYOUT_KEYS): a run resumes from its checkpoints
+    The parallel keys are the run's layout (config/train.py LAYOUT_KEYS): a run resumes from its checkpoints
     under another layout. seq_len, micro_batch and batch_tokens are its plan, kept for its whole life.
     """
     keys: dict[str, Any] = {

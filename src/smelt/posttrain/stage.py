@@ -34,7 +34,6 @@ from smelt.checkpoint.store import checkpoint_at_step, latest_valid_checkpoint, 
 from smelt.config import ModelConfig, TrainConfig, hash_json
 from smelt.errors import UserError
 from smelt.layout import checkpoints_dir
-from smelt.lifecycle import LOCKS, committed_checkpoints, move_aside, stage_lock
 from smelt.manifest import code_version, library_versions, write_json
 from smelt.metric_records import read_records
 from smelt.model.transformer import Transformer
@@ -42,6 +41,7 @@ from smelt.posttrain.config import PostTrainConfig
 from smelt.posttrain.data import Split
 from smelt.posttrain.loop import resume_point
 from smelt.progress import log
+from smelt.run.lifecycle import LOCKS, committed_checkpoints, move_aside, stage_lock
 from smelt.tokenizer.load import Tokenizer
 from smelt.train.monitors import MetricsLog, supersede_after_resume
 from smelt.train.ops.host_memory import host_memory_note

@@ -30,7 +30,7 @@ from smelt.report.lineage import Family, flops_offset, tree_html
 from smelt.report.page import missing, note, page, row, section, table
 from smelt.report.run import Run, final_metrics, load_run
 from smelt.report.svg import COLORS, Band, Chart, Series, chart_svg
-from smelt.summary import flat
+from smelt.tables import flat
 
 IGNORED_FOR_SEEDS = ("run.seed", "run.name", "run.dir")
 MAX_TASK_CHARTS = 12

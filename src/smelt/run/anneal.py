@@ -26,9 +26,9 @@ from smelt.config import load_config
 from smelt.errors import UserError
 from smelt.layout import checkpoints_dir
 from smelt.manifest import write_json
-from smelt.pipeline import STAGES, run_pipeline
 from smelt.progress import log
-from smelt.summary import summarize
+from smelt.run.pipeline import STAGES, run_pipeline
+from smelt.run.summary import summarize
 
 
 @dataclass(frozen=True)

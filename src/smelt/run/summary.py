@@ -1,5 +1,5 @@
 """The end-of-run summary (its figures as data, written to RUN/summary.json, and the table printed) and
-the key-value tables the commands print."""
+the rows of evaluation and goodput figures the commands print (as tables: smelt/tables.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.config import Config
+from smelt.tables import print_table
 
 
 def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]:
@@ -264,26 +265,3 @@ def eval_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
             )
         )
     return rows
-
-
-def flat(value: Any, prefix: str = "", whole_lists: bool = False) -> dict[str, Any]:
-    """Nested dicts as dotted keys. A list of records shows as "[N items]" in a summary table;
-    `whole_lists` keeps every list whole (the unit of a config diff)."""
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for k, v in value.items():
-            out.update(flat(v, f"{prefix}{k}.", whole_lists))
-        return out
-    if isinstance(value, list) and not whole_lists:
-        return (
-            {prefix.rstrip("."): f"[{len(value)} items]"}
-            if value and isinstance(value[0], dict)
-            else {prefix.rstrip("."): value}
-        )
-    return {prefix.rstrip("."): value}
-
-
-def print_table(rows: list[tuple[str, Any]]) -> None:
-    width = max((len(str(k)) for k, _ in rows), default=0)
-    for key, value in rows:
-        print(f"{str(key):<{width}}  {value}")

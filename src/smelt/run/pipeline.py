@@ -21,7 +21,9 @@ from smelt import layout
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, STAGES
-from smelt.lifecycle import (
+from smelt.manifest import Stage, hash_file, hash_files, read_manifest, write_json
+from smelt.progress import log
+from smelt.run.lifecycle import (
     changed_inputs,
     changed_keys,
     costly_work,
@@ -30,9 +32,7 @@ from smelt.lifecycle import (
     stage_lock,
     trajectory_config,
 )
-from smelt.manifest import Stage, hash_file, hash_files, read_manifest, write_json
-from smelt.progress import log
-from smelt.stages import STAGE_SPECS, STAGE_TABLE, stage_config
+from smelt.run.stages import STAGE_SPECS, STAGE_TABLE, stage_config
 from smelt.tokens.drop_list import DROP_LIST, drop_inputs
 
 # Written when a stage starts and removed when it ends: an interrupted stage resumes only when the
