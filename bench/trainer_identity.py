@@ -47,13 +47,16 @@ def compare(a: Path, b: Path, ignore: frozenset[str] = frozenset()) -> int:
 def train(run: Path, out: Path, tokens: int, extra: list[str]) -> int:
     from smelt.cli.pipeline import QUICKSTART_CONFIG
     from smelt.config import load_config
+    from smelt.run.training import with_goodput
     from smelt.train.trainer import train as train_model
 
     overrides = [f"train.tokens={tokens}", "train.eval_every=20", "train.eval_tokens=8192",
                  "checkpoint.every_steps=20", f"run.dir={json.dumps(str(out.parent))}",
                  f"run.name={json.dumps(out.name)}", *extra]  # fmt: skip
     cfg = load_config(QUICKSTART_CONFIG, overrides)
-    summary = train_model(cfg, run / "tokens", run / "tokenizer", out / "train")
+    summary = with_goodput(
+        cfg, out / "train", train_model(cfg, run / "tokens", run / "tokenizer", out / "train")
+    )
     print(json.dumps({k: summary[k] for k in ("steps", "final_train_loss", "final_val_loss")}))
     return 0
 

@@ -13,17 +13,13 @@ import pytest
 from helpers import write_token_data
 from smelt.config import config_from_dict
 from smelt.errors import ConfigError
-from smelt.train import goodput as goodput_module
-from smelt.train.goodput import (
-    RankTimes,
-    goodput,
-    interval_advice,
-    percentile,
-    run_goodput,
-    straggler_alert,
-)
+from smelt.report import goodput as goodput_module
+from smelt.report.goodput import goodput, interval_advice, run_goodput
+from smelt.run.training import with_goodput
+from smelt.train import step_times
 from smelt.train.monitors import SUPERSEDED_METRICS
 from smelt.train.ops.watchdog import Watchdog
+from smelt.train.step_times import RankTimes, percentile, straggler_alert
 from smelt.train.trainer import train
 
 
@@ -46,7 +42,7 @@ def test_straggler_alert_names_the_slowest_rank_past_the_ratio():
 
 def test_own_time_leaves_out_the_synchronised_section(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr(goodput_module.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(step_times.time, "perf_counter", lambda: now[0])
     times = RankTimes()
     for wait_for_others in (0.0, 0.5, 0.5):
         now[0] += 0.3 + wait_for_others  # 0.2 s of own work; 0.1 s of collectives, plus the wait
@@ -184,7 +180,7 @@ def test_a_killed_and_resumed_run_reports_its_restart_and_lost_steps(tmp_path, m
         patched.setattr(Watchdog, "beat", beat)
         with pytest.raises(Killed):
             train(cfg, tokens, tokenizer, out)
-    summary = train(cfg, tokens, tokenizer, out, resume="auto")
+    summary = with_goodput(cfg, out, train(cfg, tokens, tokenizer, out, resume="auto"))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     logged = [r for r in records if r["kind"] == "train"]
     assert all(r["step_time_p50_s"] <= r["step_time_p99_s"] and r["time"] > r["elapsed_s"] for r in logged)

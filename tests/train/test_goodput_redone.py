@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from helpers import write_token_data
-from smelt.train.goodput import STEP_MARKER, StepMarker, goodput
+from smelt.report.goodput import goodput
+from smelt.run.training import with_goodput
 from smelt.train.monitors import SUPERSEDED_METRICS
 from smelt.train.ops.watchdog import Watchdog
+from smelt.train.step_times import STEP_MARKER, StepMarker
 from smelt.train.trainer import train
 
 from .test_goodput import _config, _train, _write
@@ -86,7 +88,7 @@ def test_a_run_killed_between_log_lines_reports_the_steps_it_redid(tmp_path, mon
             train(cfg, tokens, tokenizer, out)
     assert StepMarker.read(out) == 7
     assert not (out / SUPERSEDED_METRICS).exists()  # no record after the checkpoint to move
-    summary = train(cfg, tokens, tokenizer, out, resume="auto")
+    summary = with_goodput(cfg, out, train(cfg, tokens, tokenizer, out, resume="auto"))
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     (resume,) = [r for r in records if r.get("event") == "resume"]
     assert resume["step"] == 4 and resume["reached_step"] == 7

@@ -6,10 +6,10 @@ import statistics
 from typing import Any
 
 from smelt.metric_records import describe_event, finite
+from smelt.report.goodput import GOODPUT_PARTS, run_goodput
 from smelt.report.page import missing, note, row, table
 from smelt.report.run import Run
 from smelt.report.svg import EVENT_COLORS, Chart, Marker, Series, chart_svg, timeline_svg
-from smelt.train.goodput import GOODPUT_PARTS, run_goodput
 
 # Events that change how a curve should be read; they are drawn on the loss plot and the timeline.
 NOTABLE = ("alert", "skip", "rollback", "resume", "stage", "overflow")
@@ -248,7 +248,7 @@ def throughput_section(run: Run) -> str:
 
 def operations(run: Run) -> str:
     """Step-time percentiles per rank, straggler alerts, goodput and the checkpoint-interval advice
-    (train/goodput.py), for runs whose train records carry them."""
+    (report/goodput.py), for runs whose train records carry them."""
     timed = [r for r in run.kind("train") if finite(r.get("step_time_p50_s"))]
     if not timed:
         return ""

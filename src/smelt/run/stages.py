@@ -57,11 +57,13 @@ def _tokenize(cfg: Config, directory: Path, resume: bool) -> dict[str, Any]:
 
 
 def _train(cfg: Config, directory: Path, resume: bool) -> dict[str, Any]:
+    from smelt.run.training import with_goodput
     from smelt.train.trainer import train
 
     run_dir = cfg.run_dir
-    return train(cfg, layout.stage_dir(run_dir, "tokenize"), layout.stage_dir(run_dir, "tokenizer"), directory,
-                 resume="auto" if resume else None)  # fmt: skip
+    summary = train(cfg, layout.stage_dir(run_dir, "tokenize"), layout.stage_dir(run_dir, "tokenizer"), directory,
+                    resume="auto" if resume else None)  # fmt: skip
+    return with_goodput(cfg, directory, summary)
 
 
 def _eval(cfg: Config, directory: Path, resume: bool) -> dict[str, Any]:

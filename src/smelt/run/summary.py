@@ -49,7 +49,7 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
         "eval_time_s": train.get("eval_time_s"),
         "eval_share": train.get("eval_share"),
         "evals_skipped": train.get("evals_skipped"),
-        "train_goodput": train.get("goodput"),  # where the training wall time went (train/goodput.py)
+        "train_goodput": train.get("goodput"),  # where the training wall time went (report/goodput.py)
         "val_bits_per_byte": heldout["bits_per_byte"],  # total bits over total bytes, all sources
         "val_bits_per_byte_by_source": {
             source: figures["bits_per_byte"]

@@ -13,10 +13,10 @@ from smelt.config import hash_json
 from smelt.manifest import write_json
 from smelt.model.flops import mfu
 from smelt.progress import log, progress
-from smelt.train.goodput import StepMarker, run_goodput, say_interval_hint
 from smelt.train.ops.watchdog import Watchdog
 from smelt.train.precision import peak_source
 from smelt.train.setup import write_run_manifest
+from smelt.train.step_times import StepMarker
 from smelt.train.trajectory import Expectation
 
 
@@ -135,11 +135,7 @@ def summary(t: Any) -> dict[str, Any]:
         "rank": t.rank,
         "checkpoint": str(t.final) if t.final is not None else None,
         "wall_time_s": time.time() - t.started,
-        "goodput": run_goodput(t.out_dir, t.cfg.checkpoint.mtbf_hours, t.cfg.checkpoint.every_steps)
-        if t.ctx.is_main
-        else None,
     }
-    if t.ctx.is_main:
+    if t.ctx.is_main:  # the train stage adds goodput to it (run/training.py)
         write_json(t.out_dir / "summary.json", summary)
-        say_interval_hint(summary["goodput"])
     return summary

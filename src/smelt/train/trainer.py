@@ -40,7 +40,6 @@ from smelt.train.batching import BatchPlan
 from smelt.train.build import TrainerBuild
 from smelt.train.cadence import Every
 from smelt.train.evaluation import EvalBudget, Validation, budget_note, rank0_decides, say, skip_note
-from smelt.train.goodput import clock, timed
 from smelt.train.monitors import MetricsLog
 from smelt.train.ops.watchdog import StopSignals, Watchdog, stop_on_signal
 from smelt.train.optim import set_lr
@@ -62,6 +61,7 @@ from smelt.train.setup import (
 )
 from smelt.train.spike_watch import SpikeTriage
 from smelt.train.step import finish_grads, forward_backward
+from smelt.train.step_times import clock, timed
 from smelt.train.trajectory import Expectation
 from smelt.train.window import Window
 
@@ -325,7 +325,7 @@ class Trainer(TrainerBuild):
                 **clock(self.started),
             }
         )
-        self.write_all(stragglers)  # printed by rank 0 (goodput.RankTimes.window_fields)
+        self.write_all(stragglers)  # printed by rank 0 (step_times.RankTimes.window_fields)
         moe_fields = router_metrics(self.model)  # every rank: the loads are summed over ranks
         if moe_fields:
             self.metrics.write({"kind": "moe", "step": step, "tokens": tokens, **moe_fields})

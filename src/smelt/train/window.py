@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from smelt.train.goodput import RankTimes
+from smelt.train.step_times import RankTimes
 
 
 class Window:
@@ -20,7 +20,7 @@ class Window:
         self.source_sums = torch.zeros((len(sources), 2), dtype=torch.float64)  # loss sum, tokens
         self.train_time = 0.0  # the run's, since this process started training
         self.total_wait = 0.0
-        self.ranks = RankTimes()  # step-time percentiles and the straggler test (goodput.py)
+        self.ranks = RankTimes()  # step-time percentiles and the straggler test (step_times.py)
         self.reset()
 
     def reset(self) -> None:
