@@ -240,6 +240,8 @@ OWNED_NAMES = {
     '"meta.json"': {"layout.py", "tokens/shards.py"},  # a checkpoint's meta; the token shards' meta
     '"*.bin"': {"tokens/shards.py"},  # token shards (tokens/shards.has_shards)
     '/ "checkpoints"': {"layout.py"},  # RUN/train/checkpoints (layout.checkpoints_dir, CHECKPOINTS)
+    '"metrics.jsonl"': {"metric_records.py"},  # a training run's records (metric_records.METRICS)
+    "'metrics.jsonl'": {"metric_records.py"},  # the same name in an f-string
 }
 
 

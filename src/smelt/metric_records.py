@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+# A training run's records, RUN/train/metrics.jsonl (the trainer writes it: train/monitors.py).
+METRICS = "metrics.jsonl"
 _EVENT_BOOKKEEPING = {"kind", "step", "tokens", "event"}
 
 

@@ -32,6 +32,7 @@ from typing import Any
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, checkpoints_dir, list_checkpoints
+from smelt.metric_records import METRICS
 from smelt.plan.memory import Cluster, ModelShape, Recommendation, recommend
 
 HEAD_DIM = 16
@@ -171,11 +172,7 @@ def losses(run: Path) -> dict[int, float]:
     """Each step's last logged loss (a resumed launch logs the steps it trained again after the first)."""
     from smelt.metric_records import read_records  # here: `smelt --help` builds this parser without torch
 
-    return {
-        r["step"]: r["loss"]
-        for r in read_records(run / "train" / "metrics.jsonl")
-        if r.get("kind") == "train"
-    }
+    return {r["step"]: r["loss"] for r in read_records(run / "train" / METRICS) if r.get("kind") == "train"}
 
 
 def run_rehearsal(config: Path, overrides: list[str], cfg: Config, plan: Rehearsal) -> dict[str, Any]:

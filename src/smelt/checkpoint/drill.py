@@ -28,7 +28,7 @@ from smelt.checkpoint.store import list_checkpoints, read_meta
 from smelt.checkpoint.tools import checkpoints_dir_of
 from smelt.errors import UserError
 from smelt.layout import step_of
-from smelt.metric_records import read_records
+from smelt.metric_records import METRICS, read_records
 
 # Relative tolerances where the replay is not bitwise (a guide; --tolerance sets another).
 TOLERANCE_FP32 = 1e-4
@@ -148,7 +148,7 @@ def run_drill(
     """Replay the steps after a checkpoint of `run` in a side process and compare them with its log."""
     checkpoints = checkpoints_dir_of(run)
     train_dir = checkpoints.parent
-    metrics = train_dir / "metrics.jsonl"
+    metrics = train_dir / METRICS
     if not metrics.is_file():
         raise UserError(f"{metrics} does not exist: the drill compares against the run's log.")
     records = read_records(metrics)

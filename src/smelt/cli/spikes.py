@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+from smelt.metric_records import METRICS
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -44,9 +45,9 @@ def verb_parsers() -> dict[tuple[str, ...], argparse.ArgumentParser]:
 
 def _train_dir(run: str) -> Path:
     train_dir = Path(run) / "train"
-    if not (train_dir / "metrics.jsonl").is_file():
+    if not (train_dir / METRICS).is_file():
         raise UserError(
-            f"{train_dir / 'metrics.jsonl'} does not exist: RUN must be a run directory that has trained, "
+            f"{train_dir / METRICS} does not exist: RUN must be a run directory that has trained, "
             f"such as runs/quickstart."
         )
     return train_dir
@@ -59,9 +60,9 @@ def _triage(args: argparse.Namespace) -> int:
 
     train_dir = _train_dir(args.run)
     if args.step is None:
-        spikes = spike_alerts(read_records(train_dir / "metrics.jsonl"))
+        spikes = spike_alerts(read_records(train_dir / METRICS))
         if not spikes:
-            print(f"no loss or gradient spike alert in {train_dir / 'metrics.jsonl'}")
+            print(f"no loss or gradient spike alert in {train_dir / METRICS}")
             return 0
         print(f"{'step':>8}  {'alerts':<22} {'label':<30} suspects")
         for step, alerts in sorted(spikes.items()):

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from smelt.errors import UserError
-from smelt.metric_records import validations
+from smelt.metric_records import METRICS, validations
 from smelt.plan.fit import LawFit, fit_law, grid_starts
 from smelt.plan.points import Points, find_runs, no_runs_error, run_point
 
@@ -67,7 +67,7 @@ def read_curves(paths: list[Path], params: str = "non_embedding", min_fraction: 
             continue
         size, total, last = final
         # {tokens: loss}; a resumed run's later record of the same point replaces the earlier one
-        seen = {t: v for _, t, v in validations(directory / "train" / "metrics.jsonl") if t > 0}
+        seen = {t: v for _, t, v in validations(directory / "train" / METRICS) if t > 0}
         seen[total] = last  # the final loss as the manifest records it
         for tokens, value in sorted(seen.items()):
             if tokens / total >= min_fraction and tokens <= total:

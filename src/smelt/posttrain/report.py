@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from smelt.metric_records import read_records
+from smelt.metric_records import METRICS, read_records
 from smelt.report.page import note, page, row, section, table
 from smelt.report.svg import Chart, Series, chart_svg
 
@@ -25,7 +25,7 @@ CURVES = {
 
 
 def _records(run_dir: Path) -> list[dict[str, Any]]:
-    return read_records(run_dir / "train" / "metrics.jsonl")
+    return read_records(run_dir / "train" / METRICS)
 
 
 def _chart(title: str, kind: str, keys: list[str], records: list[dict[str, Any]]) -> str:

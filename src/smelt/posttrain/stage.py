@@ -35,7 +35,7 @@ from smelt.config import ModelConfig, TrainConfig, hash_json
 from smelt.errors import UserError
 from smelt.layout import checkpoints_dir
 from smelt.manifest import code_version, library_versions, write_json
-from smelt.metric_records import read_records
+from smelt.metric_records import METRICS, read_records
 from smelt.model.transformer import Transformer
 from smelt.posttrain.config import PostTrainConfig
 from smelt.posttrain.data import Split
@@ -340,7 +340,7 @@ def begin(stage: Stage, split: Split) -> None:
         log(
             f"[{name}] {split.contaminated} held-out items whose prompt the training data contains were dropped"
         )
-    metrics = stage.train_dir / "metrics.jsonl"
+    metrics = stage.train_dir / METRICS
     if stage.resume_from is not None:
         meta = read_meta(stage.resume_from, verify=False)
         step = int(meta["step"])
@@ -361,7 +361,7 @@ def _barrier(stage: Stage) -> None:
 def announce_restart(stage: Stage) -> None:
     """Say plainly that an earlier attempt stopped before its first checkpoint is not resumed: this one
     starts over from step 0 (the earlier records move to metrics.jsonl.1)."""
-    metrics = stage.train_dir / "metrics.jsonl"
+    metrics = stage.train_dir / METRICS
     if not metrics.is_file() or committed_checkpoints(stage.train_dir):
         return
     steps = [r.get("step", 0) for r in read_records(metrics) if r.get("kind") == "train"]

@@ -32,6 +32,7 @@ from typing import Any
 from smelt.errors import UserError
 from smelt.layout import STAGE_DIRS, checkpoints_dir, list_checkpoints, step_dir_name, step_of
 from smelt.manifest import code_version, hash_file, read_manifest, write_json
+from smelt.metric_records import METRICS
 from smelt.release.data_order import read_json, tokens_per_source, write_data_order
 from smelt.tokenizer.load import SMELT_JSON, TOKENIZER_JSON
 from smelt.tokens.shards import META_JSON, SHARDS_JSON
@@ -267,7 +268,7 @@ def _model_config(meta: dict[str, Any]) -> Any:
 def _copy_artifacts(run_dir: Path, out_dir: Path, include_tokens: bool) -> None:
     """Logs, eval results, the manifest chain, statistics, the tokenizer and the run's config."""
     train = run_dir / "train"
-    for name, target in (("metrics.jsonl", "metrics.jsonl"), ("summary.json", "train_summary.json"),
+    for name, target in ((METRICS, METRICS), ("summary.json", "train_summary.json"),
                          ("restarts.jsonl", "restarts.jsonl")):  # fmt: skip
         if (train / name).is_file():  # copied, never linked: a resumed run appends to its metrics.jsonl
             (out_dir / "logs").mkdir(exist_ok=True)

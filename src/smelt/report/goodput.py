@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from smelt.metric_records import read_records
+from smelt.metric_records import METRICS, read_records
 from smelt.train.evaluation import say
 from smelt.train.monitors import SUPERSEDED_METRICS
 
@@ -80,7 +80,7 @@ def goodput(train_dir: Path) -> dict[str, Any] | None:
     time only: the redone steps after a dead process's last log line fall in other_s.
     """
     train_dir = Path(train_dir)
-    kept = read_records(train_dir / "metrics.jsonl")
+    kept = read_records(train_dir / METRICS)
     kept_spans = _attempts(kept)
     if not kept_spans:
         return None

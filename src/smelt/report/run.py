@@ -15,7 +15,7 @@ from typing import Any
 
 from smelt import layout
 from smelt.errors import UserError
-from smelt.metric_records import finite, task_entries, task_scores
+from smelt.metric_records import METRICS, finite, task_entries, task_scores
 
 STAGE_DIRS = tuple(layout.STAGE_DIRS.values())  # directory names, in pipeline order
 _STEP_FILE = re.compile(r"step_(\d+)\.json$")
@@ -96,12 +96,12 @@ def parent_record(run_dir: Path, records: list[dict[str, Any]] | None = None) ->
 
 def find_metrics(run_dir: Path) -> Path:
     """RUN/train/metrics.jsonl of a pipeline run, or RUN/metrics.jsonl of a bare trainer output."""
-    for candidate in (run_dir / "train" / "metrics.jsonl", run_dir / "metrics.jsonl"):
+    for candidate in (run_dir / "train" / METRICS, run_dir / METRICS):
         if candidate.is_file():
             return candidate
     raise UserError(
-        f"{run_dir} has no metrics.jsonl (looked for {run_dir / 'train' / 'metrics.jsonl'} and "
-        f"{run_dir / 'metrics.jsonl'}). Train the run first (`smelt run CONFIG` or `smelt train CONFIG`), "
+        f"{run_dir} has no metrics.jsonl (looked for {run_dir / 'train' / METRICS} and "
+        f"{run_dir / METRICS}). Train the run first (`smelt run CONFIG` or `smelt train CONFIG`), "
         f"or pass the run directory that holds train/metrics.jsonl, e.g. runs/quickstart."
     )
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.config import Config
+from smelt.metric_records import METRICS
 from smelt.tables import print_table
 
 
@@ -75,7 +76,7 @@ def summarize(cfg: Config, outcomes: dict, wall_time_s: float) -> dict[str, Any]
             "tokenizer": str(outcomes["tokenizer"].directory),
             "tokens": str(outcomes["tokenize"].directory),
             "train": str(outcomes["train"].directory),
-            "metrics": str(outcomes["train"].directory / "metrics.jsonl"),
+            "metrics": str(outcomes["train"].directory / METRICS),
             "eval": str(outcomes["eval"].directory),
         },
     }

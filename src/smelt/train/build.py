@@ -17,6 +17,7 @@ from smelt.checkpoint.store import load_training_state, restore_rng, set_aside_a
 from smelt.errors import UserError
 from smelt.eval.heldout import training_mixture
 from smelt.layout import TOKENIZER_JSON
+from smelt.metric_records import METRICS
 from smelt.model.flops import count_params, flops_conventions
 from smelt.tokens.shards import read_meta as read_shards_meta
 from smelt.tokens.shards import read_meta_if_any
@@ -192,7 +193,7 @@ class TrainerBuild:
         if self.resume_from is not None and ctx.is_main:
             own = self.resume_from.resolve().parent == self.checkpoints_dir.resolve()  # offset into this file
             self.superseded = supersede_after_resume(
-                self.out_dir / "metrics.jsonl",
+                self.out_dir / METRICS,
                 self.start_step,
                 ckpt_meta.get("metrics_offset") if own else None,
                 rerun_final=self.start_step >= plan.steps,
@@ -206,7 +207,7 @@ class TrainerBuild:
             checkpoint.milestone_every_tokens,
         )
         self.metrics = MetricsLog(
-            self.out_dir / "metrics.jsonl",
+            self.out_dir / METRICS,
             enabled=ctx.is_main,
             append=self.resume_from is not None,
             sinks=metric_sinks(self.cfg, self.out_dir) if ctx.is_main else None,

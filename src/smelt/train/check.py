@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from smelt.config import Config
+from smelt.metric_records import METRICS
 from smelt.model.transformer import Transformer
 from smelt.train.parallel.mesh import check_layout_keys
 from smelt.train.setup import read_vocab_size
@@ -124,7 +125,7 @@ def _reproducibility(cfg: Config, tokens_dir: Path, tokenizer_dir: Path) -> tupl
         for name in ("a", "b"):
             out = Path(tmp) / name
             summaries.append(train(run_cfg, tokens_dir, tokenizer_dir, out))
-            lines = (out / "metrics.jsonl").read_text().splitlines()
+            lines = (out / METRICS).read_text().splitlines()
             traces.append([line for line in lines if '"kind": "train"' in line])
         a, _ = load_model(Path(summaries[0]["checkpoint"]))
         b, _ = load_model(Path(summaries[1]["checkpoint"]))

@@ -17,7 +17,7 @@ from smelt.checkpoint.store import latest_valid_checkpoint
 from smelt.config import Config, TrainConfig, hash_json
 from smelt.errors import ConfigError, UserError
 from smelt.manifest import write_json
-from smelt.metric_records import read_records
+from smelt.metric_records import METRICS, read_records
 from smelt.tokenizer.load import SMELT_JSON, read_info
 from smelt.tokens.shards import has_shards
 from smelt.train.alerts import AlertPolicy
@@ -201,7 +201,7 @@ def write_run_manifest(
 def last_logged_loss(out_dir: Path) -> float:
     """The train loss of the last record already in metrics.jsonl (a run resumed at its end)."""
     loss = float("nan")
-    for record in read_records(out_dir / "metrics.jsonl"):
+    for record in read_records(out_dir / METRICS):
         if record.get("kind") == "train" and record.get("loss") is not None:
             loss = float(record["loss"])
     return loss

@@ -38,7 +38,7 @@ from smelt.checkpoint.drill import DrillFailed, drill_config, side_process
 from smelt.checkpoint.store import list_checkpoints, read_meta
 from smelt.errors import UserError
 from smelt.layout import CHECKPOINTS, STAGE_DIRS, step_dir_name, step_of
-from smelt.metric_records import read_records
+from smelt.metric_records import METRICS, read_records
 
 SPIKE_ALERTS = ("loss_spike", "grad_spike")
 DATA = "data"
@@ -121,13 +121,13 @@ def triage(train_dir: Path, step: int, alerts: list[dict[str, Any]] | None = Non
     `alerts`: the step's alert records (read from metrics.jsonl when not given)."""
     train_dir = Path(train_dir)
     run_dir = train_dir.parent
-    records = read_records(train_dir / "metrics.jsonl")
+    records = read_records(train_dir / METRICS)
     if alerts is None:
         spikes = spike_alerts(records)
         if step not in spikes:
             listed = ", ".join(str(s) for s in sorted(spikes)) or "none"
             raise UserError(
-                f"{train_dir / 'metrics.jsonl'} has no loss or gradient spike alert at step {step} (spikes at "
+                f"{train_dir / METRICS} has no loss or gradient spike alert at step {step} (spikes at "
                 f"steps: {listed}). Pass one of those to --step."
             )
         alerts = spikes[step]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
-from smelt.metric_records import validations
+from smelt.metric_records import METRICS, validations
 from smelt.train.alerts import Alert
 from smelt.train.evaluation import say
 
@@ -96,10 +96,10 @@ class Expectation:
         """From the trainer's config (off when train.expect is empty); UserError before step 0."""
         tc = t.tc
         if not tc.expect:
-            return cls(None, "", 0, t.out_dir / "metrics.jsonl")
+            return cls(None, "", 0, t.out_dir / METRICS)
         curve = read_curve(tc.expect, t.params, tc.tokens)
         tolerance = tc.expect_tolerance_tokens or round(DEFAULT_TOLERANCE * tc.tokens)
-        return cls(curve, tc.expect, tolerance, t.out_dir / "metrics.jsonl")
+        return cls(curve, tc.expect, tolerance, t.out_dir / METRICS)
 
     def manifest(self) -> dict[str, Any] | None:
         """What run.json records before step 0."""

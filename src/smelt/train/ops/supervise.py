@@ -47,6 +47,7 @@ from smelt.checkpoint.store import (
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.layout import CHECKPOINTS
+from smelt.metric_records import METRICS
 from smelt.progress import log
 from smelt.train.ops.watchdog import SIGNAL_EXIT_CODE, STOPPED_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
 
@@ -157,7 +158,7 @@ def short_of_space(checkpoints_dir: Path) -> tuple[int, int, str] | None:
     if newest is not None:
         needed, which = directory_bytes(newest), newest.name
     else:
-        failed = last_event(checkpoints_dir.parent / "metrics.jsonl", "checkpoint_failed")
+        failed = last_event(checkpoints_dir.parent / METRICS, "checkpoint_failed")
         if failed is None or not failed.get("needed_mb"):
             return None
         needed, which = (
@@ -246,7 +247,7 @@ def supervise(
                 outcome.exit_code = BAD_INPUT_EXIT_CODE
                 _say("supervisor: not restarting: a run that stops on bad input fails the same way again")
                 break
-            stop = deterministic_stop(checkpoints_dir.parent / "metrics.jsonl", launched_at - 1.0)
+            stop = deterministic_stop(checkpoints_dir.parent / METRICS, launched_at - 1.0)
             if stop is not None or code == STOPPED_EXIT_CODE:
                 stop = stop or {}
                 outcome.exit_code = STOPPED_EXIT_CODE
