@@ -133,6 +133,33 @@ def test_heldout_pairs_whose_prompt_is_in_training_are_dropped(tmp_path):
     assert not {p["prompt"][0]["content"] for p in split.held} & train
 
 
+def test_a_heldout_file_replaces_the_shuffle_and_is_still_decontaminated(tmp_path):
+    def pair(a: int, b: int) -> dict:
+        return {"prompt": [{"role": "user", "content": f"{a}+{b}"}],
+                "chosen": [{"role": "assistant", "content": str(a + b)}],
+                "rejected": [{"role": "assistant", "content": str(a + b + 1)}]}  # fmt: skip
+
+    write_jsonl(tmp_path / "train.jsonl", [pair(a, 1) for a in range(20)])
+    write_jsonl(tmp_path / "test.jsonl", [pair(a, 2) for a in range(12)] + [pair(3, 1)])  # 3+1 is trained on
+    data = {
+        "format": "preferences",
+        "path": str(tmp_path / "train.jsonl"),
+        "heldout_path": str(tmp_path / "test.jsonl"),
+    }
+    split = pair_split(config_from_dict({"data": {**data, "heldout": 0}}).data, 0)
+    assert len(split.train) == 20 and split.contaminated == 1  # every training pair trains; 3+1 dropped
+    assert [p["prompt"][0]["content"] for p in split.held] == [f"{a}+2" for a in range(12)]
+    capped = pair_split(config_from_dict({"data": {**data, "heldout": 5}}).data, 0)
+    assert len(capped.train) == 20 and len(capped.held) == 5
+    chat = tmp_path / "chat.jsonl"
+    write_jsonl(chat, [_chat(f"q{n}", "a") for n in range(6)])
+    conversations = conversation_split(
+        config_from_dict({"data": {"format": "chat", "path": str(chat), "heldout_path": str(chat), "heldout": 0}}).data,
+        0, "sft",
+    )  # fmt: skip
+    assert len(conversations.train) == 6 and conversations.held == [] and conversations.contaminated == 6
+
+
 # --- input that teaches nothing ---------------------------------------------------------------
 
 

@@ -49,6 +49,11 @@ class DataSection:
         range=(0, 10**7),
         help="items kept out of training for validation and eval (addition: distinct held-out problems)",
     )
+    heldout_path: str = option(
+        "",
+        help="JSONL (or .jsonl.gz) of held-out items in data.format (e.g. a dataset's test split), used instead "
+        "of holding out data.heldout items of data.path; data.heldout then caps how many (0: all)",
+    )
     keep_calculations: bool = option(False, help="GSM8K: keep the <<48/2=24>> calculator annotations")
     addition_items: int = option(2000, range=(1, 10**7), help="addition: how many training items to draw")
     addition_digits: int = option(2, range=(1, 9), help="addition: digits per operand")

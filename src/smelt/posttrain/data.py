@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,31 +58,31 @@ def conversation_split(data: DataSection, seed: int, stage: str) -> Split:
     """Conversations (`{"messages", "answer"?}`) for SFT (`stage` "sft") and GRPO: train and held out."""
     if data.format == "addition":
         return _addition_split(data)
-    if data.format == "gsm8k":
-        records: Iterable[tuple[str, dict[str, Any]]] = gsm8k_records(_path(data), data.keep_calculations)
-    elif data.format == "chat":
-        records = chat_records(_path(data))
-    elif data.format == "hh-rlhf":  # the chosen side, as chat data
-        pairs, skipped = _hh_pairs(data)
-        records = [(where, {"messages": p["prompt"] + p["chosen"]}) for where, p in pairs]
-        return _split(records, data, seed, lambda item: useless_conversation(item, stage == "sft"),
-                      _prompt, _text, skipped)  # fmt: skip
-    else:
+    if data.format not in ("gsm8k", "chat", "hh-rlhf"):
         raise UserError(
             f"data.format = {data.format!r} holds preference pairs, not conversations; use chat, gsm8k, "
             f"hh-rlhf or addition for this stage."
         )
+
+    def read(path: str) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+        if data.format == "gsm8k":
+            return list(gsm8k_records(path, data.keep_calculations)), 0
+        if data.format == "chat":
+            return list(chat_records(path)), 0
+        pairs, skipped = _hh_pairs(path)  # hh-rlhf: the chosen side, as chat data
+        return [(where, {"messages": p["prompt"] + p["chosen"]}) for where, p in pairs], skipped
+
     needs_reply = stage == "sft"
-    return _split(records, data, seed, lambda item: useless_conversation(item, needs_reply), _prompt, _text)
+    return _split(read, data, seed, lambda item: useless_conversation(item, needs_reply), _prompt, _text)
 
 
 def pair_split(data: DataSection, seed: int) -> Split:
     """Preference pairs (`{"prompt", "chosen", "rejected"}`) for DPO: train and held out."""
     if data.format == "hh-rlhf":
-        pairs, skipped = _hh_pairs(data)
-        return _split(pairs, data, seed, useless_pair, _pair_prompt, _pair_text, skipped)
+        return _split(_hh_pairs, data, seed, useless_pair, _pair_prompt, _pair_text)
     if data.format == "preferences":
-        return _split(preference_records(_path(data)), data, seed, useless_pair, _pair_prompt, _pair_text)
+        return _split(lambda path: (list(preference_records(path)), 0), data, seed, useless_pair, _pair_prompt,
+                      _pair_text)  # fmt: skip
     else:
         raise UserError(
             f"data.format = {data.format!r} has no preference pairs; DPO reads data.format = 'hh-rlhf' or "
@@ -119,28 +119,36 @@ def _addition_split(data: DataSection) -> Split:
 
 
 def _split(
-    records: Iterable[tuple[str, dict[str, Any]]],
+    read: Callable[[str], tuple[list[tuple[str, dict[str, Any]]], int]],
     data: DataSection,
     seed: int,
     useless: Callable[[dict[str, Any]], str | None],
     prompt: Callable[[dict[str, Any]], str],
     text: Callable[[dict[str, Any]], str],
-    not_pairs: int = 0,
 ) -> Split:
     """Drop what teaches nothing, keep data.limit items, hold out data.heldout of them (a seeded shuffle, at
-    most half), then drop the held-out items whose prompt the training items contain. The training texts
-    are each training item's prompt (the exact match of prompts too short for n-grams) and its whole text.
-    `not_pairs`: hh-rlhf records the reader could not make a pair of."""
-    items, dropped, why = [], Counter[str](), []
-    if not_pairs:
-        dropped["not_a_pair"] = not_pairs
-    for where, item in records:
-        reason = useless(item)
-        if reason is None:
-            items.append(item)
-        else:
-            dropped[reason] += 1
-            why.append({"where": where, "reason": reason})
+    most half) or read data.heldout_path's, then drop the held-out items whose prompt the training items
+    contain. The training texts are each training item's prompt (the exact match of prompts too short for
+    n-grams) and its whole text. `read(path)` gives (records as (where, item), input records it could not
+    make an item of)."""
+    dropped: Counter[str] = Counter()
+    why: list[dict[str, Any]] = []
+
+    def usable(path: str) -> list[dict[str, Any]]:
+        records, not_items = read(path)
+        if not_items:
+            dropped["not_a_pair"] += not_items
+        items = []
+        for where, item in records:
+            reason = useless(item)
+            if reason is None:
+                items.append(item)
+            else:
+                dropped[reason] += 1
+                why.append({"where": where, "reason": reason})
+        return items
+
+    items = usable(_path(data))
     items = items[: data.limit] if data.limit else items
     if not items:
         detail = f" ({sum(dropped.values())} records dropped: {dict(dropped)})" if dropped else ""
@@ -148,7 +156,11 @@ def _split(
             f"the stage has no training items{detail}: data.path holds none that teach anything or "
             f"data.limit is too small."
         )
-    train, held = split_heldout(items, data.heldout, seed)
+    if data.heldout_path:
+        train, held = items, usable(data.heldout_path)
+        held = held[: data.heldout] if data.heldout else held
+    else:
+        train, held = split_heldout(items, data.heldout, seed)
     texts = [t for item in train for t in (prompt(item), text(item))]
     held, contaminated = decontaminate(held, texts, prompt)
     return Split(train, held, dict(dropped), why, contaminated, texts)
@@ -170,8 +182,7 @@ def _text(item: dict[str, Any]) -> str:
     return prompt_text(item["messages"])
 
 
-def _hh_pairs(data: DataSection) -> tuple[list[tuple[str, dict[str, Any]]], int]:
-    path = _path(data)
+def _hh_pairs(path: str) -> tuple[list[tuple[str, dict[str, Any]]], int]:
     pairs, skipped = read_hh_rlhf(path)
     return [(f"{path} pair {i}", p) for i, p in enumerate(pairs)], skipped
 
