@@ -16,8 +16,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "smelt"
 # nothing imports them.
 LAYERS = [
     {"errors"},
+    {"jsonl"},  # reading JSON Lines (metric_records reads metrics.jsonl through it)
     {
-        "jsonl",
         "documents",
         "chat_template",
         "layout",

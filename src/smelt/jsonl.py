@@ -1,5 +1,6 @@
-"""JSON Lines that users hand to smelt (benchmark files): one object per non-empty line, or a UserError
-naming the file, the line and the fix."""
+"""JSON Lines, read one way: `json_objects` for files that must be whole (one object per non-empty line,
+or a UserError naming the file, the line and the fix), `json_object` for one line of a file that may
+hold a line cut by a crash (metric_records.read_records reads whole such files)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from smelt.errors import UserError
+
+
+def json_object(line: str | bytes) -> dict[str, Any] | None:
+    """One line as a JSON object, or None when it is not one (a line cut by a crash, a JSON array)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def json_objects(

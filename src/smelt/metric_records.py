@@ -3,10 +3,12 @@ scores, and one line for an event. The trainer's live sinks and the reports read
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from pathlib import Path
 from typing import Any
+
+from smelt.jsonl import json_object
 
 # A training run's records, RUN/train/metrics.jsonl (the trainer writes it: train/monitors.py).
 METRICS = "metrics.jsonl"
@@ -82,30 +84,24 @@ def validations(path: Path) -> list[tuple[int, float, float]]:
     """(step, tokens, validation loss) of each validation a metrics.jsonl holds (in-loop task scores
     left out), in file order; a line cut by a crash is skipped, a missing file has none."""
     out = []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.is_file() else []
-    for line in lines:
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(r, dict) and r.get("kind") == "eval" and not r.get("inloop"):
+    for r in read_records(path):
+        if r.get("kind") == "eval" and not r.get("inloop"):
             step, tokens, loss = r.get("step"), r.get("tokens"), r.get("val_loss")
             if finite(step) and finite(tokens) and finite(loss):
                 out.append((int(step), float(tokens), float(loss)))
     return out
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path, tail_bytes: int | None = None) -> list[dict[str, Any]]:
     """The JSON objects of a .jsonl file such as metrics.jsonl (a line cut by a crash is left out); []
-    if there is none. The one reader of metrics.jsonl for the trainer, post-training, drills and tools."""
+    if there is none. The one reader of metrics.jsonl for the trainer, post-training, drills and tools.
+    `tail_bytes`: only the file's last that many bytes (a first line the seek cut is left out too)."""
     if not path.is_file():
         return []
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    if tail_bytes is None:  # a line a crash cut inside a character is left out like any cut line
+        lines: list[str] | list[bytes] = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    else:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - tail_bytes))
+            lines = handle.read().splitlines()
+    return [record for line in lines if (record := json_object(line)) is not None]

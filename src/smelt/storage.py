@@ -38,6 +38,7 @@ from typing import Any
 
 from smelt.config import SourceConfig
 from smelt.errors import UserError
+from smelt.jsonl import json_object
 from smelt.progress import log
 
 DEFAULT_CACHE = "~/.cache/smelt/urls"
@@ -390,12 +391,10 @@ def _read_published(index_path: Path, url: str) -> dict[str, str]:
         lines = index_path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return committed
-    try:
-        if not lines or json.loads(lines[0]).get("url") != url:
-            return committed
-    except (ValueError, AttributeError):
+    header = json_object(lines[0]) if lines else None
+    if header is None or header.get("url") != url:
         return committed
-    for line in lines[1:]:
+    for line in lines[1:]:  # [rel, digest] arrays, not objects, so not through smelt.jsonl
         try:
             rel, digest = json.loads(line)
         except ValueError:  # the line a killed publish was writing

@@ -28,6 +28,7 @@ from smelt.data.split import split_hash, unit_key
 from smelt.data.steps import DocStep, run_steps
 from smelt.data.work_units import WorkShard
 from smelt.executors import TaskExecutor
+from smelt.jsonl import json_objects
 from smelt.progress import log, progress
 from smelt.storage import task_local
 
@@ -143,9 +144,12 @@ def read_column(shard: WorkShard, map_dir: Path, column: str) -> list[Any]:
 
 
 def iter_entries(shard: WorkShard, map_dir: Path) -> Iterator[dict[str, Any]]:
-    with open(map_dir / f"{shard.key}.entries.jsonl", encoding="utf-8") as handle:
-        for line in handle:
-            yield json.loads(line)
+    path = map_dir / f"{shard.key}.entries.jsonl"
+    with open(path, encoding="utf-8") as handle:
+        for _, entry in json_objects(
+            handle, path, "curation's ledger entries", "Run `smelt curate --force`."
+        ):
+            yield entry
 
 
 def counts_to_json(ledger: Ledger) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from smelt.data.ledger import DROPPED, QUARANTINED
 from smelt.data.writer import QUARANTINE_DIR
 from smelt.errors import UserError
+from smelt.jsonl import json_objects
 
 ENTRY_FIELDS = {"kind", "step", "id", "source", "file", "line", "reason", "chars", "preview", "text", "url"}
 
@@ -37,8 +38,8 @@ def _entries(directory: Path, source: str | None) -> Iterator[dict[str, Any]]:
         if source and path.stem != source:
             continue
         with open(path, encoding="utf-8") as handle:
-            for line in handle:
-                yield json.loads(line)
+            for _, entry in json_objects(handle, path, "quarantine file", "Run `smelt curate --force`."):
+                yield entry
 
 
 def _clip(text: str, chars: int) -> str:

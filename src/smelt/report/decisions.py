@@ -102,7 +102,7 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     """Every record of a decision log; a broken line is a UserError naming it."""
     if not path.is_file():
         return []
-    records = []
+    records = []  # not smelt.jsonl: its messages say FILE:LINE, and a line that is not an object is skipped
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue

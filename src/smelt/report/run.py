@@ -110,7 +110,7 @@ def read_metrics(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     """The records of metrics.jsonl. A torn last line (a crash while writing) is skipped with a note;
     a malformed line before it means the file was edited or corrupted, which is an error."""
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    records = []
+    records = []  # not smelt.jsonl: a torn last line is a note, and the messages name metrics.jsonl's format
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from smelt.errors import UserError
+from smelt.jsonl import json_objects
 from smelt.layout import step_dir_name
 from smelt.tokens.decoded import decode_segments, segment_starts
 from smelt.tokens.shards import ShardSet
@@ -174,7 +175,7 @@ def read_rows(order_dir: Path, step: int) -> list[dict[str, Any]]:
     order_dir = Path(order_dir)
     entry = checkpoint_for_step(read_index(order_dir), step)
     path = order_dir / entry["file"]
-    try:
+    try:  # parses only the lines of this step (a substring test first), not through smelt.jsonl
         with gzip.open(path, "rt", encoding="utf-8") as handle:
             rows = [json.loads(line) for line in handle if f'"step":{step},' in line]
     except (OSError, EOFError, json.JSONDecodeError) as exc:
@@ -185,8 +186,8 @@ def read_rows(order_dir: Path, step: int) -> list[dict[str, Any]]:
 def iter_rows(path: Path) -> Iterator[dict[str, Any]]:
     """Every row of one data order file, in order."""
     with gzip.open(path, "rt", encoding="utf-8") as handle:
-        for line in handle:
-            yield json.loads(line)
+        for _, row in json_objects(handle, path, "data order file", "Fetch it again."):
+            yield row
 
 
 class ShardReader:

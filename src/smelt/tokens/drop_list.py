@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from smelt.errors import UserError
+from smelt.jsonl import json_objects
 
 DROP_LIST = "drops.jsonl"
 DROPPED = "dropped.jsonl"
@@ -39,7 +40,7 @@ def read_drop_list(path: str | Path) -> list[dict[str, Any]]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        try:
+        try:  # not smelt.jsonl: one message for a line that is not JSON and one that lacks a field
             entry = json.loads(line)
             str(entry["source"]), str(entry["id"])
         except (ValueError, KeyError, TypeError) as exc:
@@ -135,11 +136,12 @@ def dropped_rows(tokens_dir: Path, split: str, source: str) -> list[int]:
     if not path.is_file():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            entry = json.loads(line)
-            if entry.get("split") == split and entry.get("source") == source:
-                rows.append(int(entry["row"]))
+    lines = path.read_text(encoding="utf-8").splitlines()
+    for _, entry in json_objects(
+        lines, path, "tokenize's dropped-rows file", "Run `smelt tokenize --force`."
+    ):
+        if entry.get("split") == split and entry.get("source") == source:
+            rows.append(int(entry["row"]))
     return sorted(rows)
 
 

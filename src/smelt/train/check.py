@@ -12,7 +12,6 @@ The checks run on the configured model, data and tokenizer, in fp32 on the CPU, 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import tempfile
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 from smelt.config import Config
-from smelt.metric_records import METRICS
+from smelt.metric_records import METRICS, read_records
 from smelt.model.transformer import Transformer
 from smelt.train.parallel.mesh import check_layout_keys
 from smelt.train.setup import read_vocab_size
@@ -125,8 +124,7 @@ def _reproducibility(cfg: Config, tokens_dir: Path, tokenizer_dir: Path) -> tupl
         for name in ("a", "b"):
             out = Path(tmp) / name
             summaries.append(train(run_cfg, tokens_dir, tokenizer_dir, out))
-            lines = (out / METRICS).read_text().splitlines()
-            traces.append([line for line in lines if '"kind": "train"' in line])
+            traces.append([r for r in read_records(out / METRICS) if r.get("kind") == "train"])
         a, _ = load_model(Path(summaries[0]["checkpoint"]))
         b, _ = load_model(Path(summaries[1]["checkpoint"]))
         same_weights = all(
@@ -138,6 +136,5 @@ def _reproducibility(cfg: Config, tokens_dir: Path, tokenizer_dir: Path) -> tupl
     return f"same seed, bitwise identical ({steps} steps)", same_losses and same_weights, detail
 
 
-def _strip_timing(line: str) -> tuple:
-    record = json.loads(line)
+def _strip_timing(record: dict) -> tuple:
     return (record["step"], record["loss"], record["grad_norm"], record["lr"])

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from smelt.jsonl import json_object
 from smelt.model.transformer import IGNORE_INDEX, doc_ids_from_tokens, position_ids_from_doc_ids
 from smelt.train.parallel.collectives import all_reduce_sum
 from smelt.train.parallel.distributed import element_copies
@@ -61,7 +62,7 @@ class MetricsLog:
                 os.replace(path, self.set_aside)
             if append and self.watch is not None and path.is_file():
                 for line in path.read_bytes().splitlines():
-                    record = _parse(line)
+                    record = json_object(line)
                     if record is not None:
                         self.watch.observe(record, quiet=True)
             self.file = open(path, "ab" if append else "wb")  # noqa: SIM115 - closed in close()
@@ -119,7 +120,7 @@ def supersede_after_resume(path: Path, step: int, offset: int | None, rerun_fina
     for line in data.splitlines(keepends=True):
         position += len(line)
         before_cut = cut is not None and position <= cut
-        record = _parse(line)
+        record = json_object(line)
         if record is None:  # a line cut by the crash
             keep = before_cut
         else:
@@ -146,14 +147,6 @@ def supersede_after_resume(path: Path, step: int, offset: int | None, rerun_fina
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     return len(moved)
-
-
-def _parse(line: bytes) -> dict[str, Any] | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def _step(record: dict[str, Any]) -> int:

@@ -263,7 +263,7 @@ def _jsonl_record(spec: ReadSpec, rel: str, number: int, raw: bytes, ledger: Led
     line, bad = _decoded(raw, spec, default_id, rel, number, ledger)
     if line is None:
         return None
-    try:
+    try:  # not smelt.jsonl: a bad line is quarantined in the ledger with its reason, and reading goes on
         record = json.loads(line)
     except (json.JSONDecodeError, RecursionError) as exc:
         ledger.quarantine(spec.name, default_id, rel, number, "bad_json", str(exc), preview=preview(line))

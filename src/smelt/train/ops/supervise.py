@@ -47,7 +47,7 @@ from smelt.checkpoint.store import (
 from smelt.config import Config
 from smelt.errors import UserError
 from smelt.layout import CHECKPOINTS
-from smelt.metric_records import METRICS
+from smelt.metric_records import METRICS, read_records
 from smelt.progress import log
 from smelt.train.ops.watchdog import SIGNAL_EXIT_CODE, STOPPED_EXIT_CODE, WATCHDOG_EXIT_CODE, stop_grace_s
 
@@ -119,19 +119,10 @@ def checkpoint_step(checkpoints_dir: Path) -> tuple[int | None, Path | None]:
 def last_event(metrics_path: Path, event: str) -> dict[str, Any] | None:
     """The last `event` record in the tail of metrics.jsonl, or None."""
     try:
-        with open(metrics_path, "rb") as handle:
-            handle.seek(max(0, handle.seek(0, os.SEEK_END) - _TAIL_BYTES))
-            lines = handle.read().splitlines()
+        records = read_records(metrics_path, tail_bytes=_TAIL_BYTES)
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut by a crash, or the first, cut by the seek
-            continue
-        if isinstance(record, dict) and record.get("event") == event:
-            return record
-    return None
+    return next((record for record in reversed(records) if record.get("event") == event), None)
 
 
 def deterministic_stop(metrics_path: Path, since: float) -> dict[str, Any] | None:
