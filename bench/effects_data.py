@@ -1,10 +1,12 @@
 """Synthetic data for bench/effects.py: preference pairs of a correct against an incorrect sum.
 
-Every pair is a distinct unordered problem {a, b} (never both `a+b` and `b+a`), so however a stage splits
-the file into training and held-out pairs, no held-out problem is a training problem. The rejected
-answer is the correct sum with its last digit replaced by another digit, so the two replies have the
-same length and the same leading digits: only the last digit, the sum of the operands' last digits
-mod 10, tells them apart.
+The pairs are 1-digit addition problems, split by smelt's own held-out partition of {a, b}
+(`smelt.posttrain.chat.addition_heldout`, the partition SFT and `smelt posttrain eval --addition` use):
+training pairs come from the training partition and held-out pairs (the stage's `data.heldout_path`)
+from the held-out one, so no held-out problem, in either order, is a training problem, and the SFT
+parent never trained on a held-out problem either. Each problem gets several pairs: its correct sum
+against distinct wrong sums drawn from 0-18 (the range of every 1-digit sum), so a wrong answer looks
+like an answer and only the arithmetic tells them apart.
 """
 
 from __future__ import annotations
@@ -13,31 +15,25 @@ import random
 from pathlib import Path
 from typing import Any
 
-from smelt.posttrain.chat import write_jsonl
+from smelt.posttrain.chat import addition_heldout, write_jsonl
+
+WRONG_PER_PROBLEM = 6
 
 
-def addition_pairs(n: int, digits: int, seed: int) -> list[dict[str, Any]]:
-    """`n` preference pairs on distinct unordered addition problems whose operands have exactly `digits`
-    digits (so none is a problem of a run that trained on fewer digits)."""
+def addition_pairs(
+    heldout: bool, seed: int, wrong_per_problem: int = WRONG_PER_PROBLEM
+) -> list[dict[str, Any]]:
+    """Every ordered 1-digit problem of one side of the partition, each with `wrong_per_problem` pairs."""
     rng = random.Random(seed)
-    low, top = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
-    if n > (top - low) * (top - low + 1) // 2:
-        raise ValueError(f"{n} distinct unordered {digits}-digit problems asked for; there are fewer")
-    seen: set[tuple[int, int]] = set()
     pairs = []
-    while len(pairs) < n:
-        a, b = rng.randrange(low, top), rng.randrange(low, top)
-        key = (min(a, b), max(a, b))
-        if key in seen:
-            continue
-        seen.add(key)
-        wrong = a + b
-        while wrong == a + b:
-            wrong = (a + b) // 10 * 10 + rng.randrange(10)
-        user = [{"role": "user", "content": f"{a}+{b}"}]
-        pairs.append({"prompt": user,
-                      "chosen": [{"role": "assistant", "content": str(a + b)}],
-                      "rejected": [{"role": "assistant", "content": str(wrong)}]})  # fmt: skip
+    for a in range(10):
+        for b in range(10):
+            if addition_heldout(a, b) != heldout:
+                continue
+            for wrong in rng.sample([w for w in range(19) if w != a + b], wrong_per_problem):
+                pairs.append({"prompt": [{"role": "user", "content": f"{a}+{b}"}],
+                              "chosen": [{"role": "assistant", "content": str(a + b)}],
+                              "rejected": [{"role": "assistant", "content": str(wrong)}]})  # fmt: skip
     return pairs
 
 
@@ -46,9 +42,15 @@ def unordered_problem(pair: dict[str, Any]) -> tuple[int, int]:
     return min(a, b), max(a, b)
 
 
-def write_addition_pairs(path: Path, n: int, digits: int, seed: int) -> dict[str, int]:
-    """Write the pairs as smelt preference JSONL; returns the counts the result records (problems,
-    distinct unordered problems: equal, so any split of the file is disjoint)."""
-    pairs = addition_pairs(n, digits, seed)
-    write_jsonl(path, pairs)
-    return {"pairs": len(pairs), "distinct_unordered_problems": len({unordered_problem(p) for p in pairs})}
+def write_addition_pairs(train: Path, held: Path, seed: int) -> dict[str, int]:
+    """Write the training and held-out pairs as smelt preference JSONL; returns the counts the result
+    records, and fails if a held-out problem (in either order) is among the training problems."""
+    train_pairs, held_pairs = addition_pairs(False, seed), addition_pairs(True, seed + 10_000)
+    shared = {unordered_problem(p) for p in train_pairs} & {unordered_problem(p) for p in held_pairs}
+    if shared:
+        raise AssertionError(f"held-out problems also in training: {sorted(shared)}")
+    write_jsonl(train, train_pairs)
+    write_jsonl(held, held_pairs)
+    return {"train_pairs": len(train_pairs), "heldout_pairs_written": len(held_pairs),
+            "train_problems": len({unordered_problem(p) for p in train_pairs}),
+            "heldout_problems": len({unordered_problem(p) for p in held_pairs}), "shared_problems": 0}  # fmt: skip

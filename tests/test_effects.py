@@ -1,9 +1,8 @@
 """One small case per effect that bench/effects.py shows, checking the sign of the effect (not its size)
-through smelt's CLI: SFT lowers the held-out loss of addition problems it never trained on, a WSD decay
+through smelt's CLI: SFT lowers the held-out loss of addition problems it never trained on, DPO after SFT
+prefers the correct sum of held-out problems, GRPO raises the reward of held-out prompts, a WSD decay
 beats the stable run continued at equal tokens, and the average of a constant-LR run's last checkpoints
-beats its last checkpoint; and an anneal of a Muon run takes the parent's optimizer state. (DPO and
-GRPO did not show a held-out effect at this scale; tests/posttrain checks that each improves what it
-trains on.)"""
+beats its last checkpoint; and an anneal of a Muon run takes the parent's optimizer state."""
 
 from __future__ import annotations
 
@@ -42,6 +41,48 @@ def test_sft_lowers_the_loss_of_heldout_addition_problems(base_run, tmp_path):
                         "data.addition_digits=1", "data.addition_items=2000", "data.heldout=25")  # fmt: skip
     assert summary["heldout_items"] == 25 and summary["heldout_contaminated"] == 0
     assert summary["val_loss"] < summary["val_loss_before"] - 1.0
+
+
+def addition_pairs(heldout: bool) -> list[dict]:
+    """Each 1-digit problem of one side of smelt's held-out partition: the sum against the operands written
+    side by side ("3+4": "7" over "34"), a wrong answer a model this small learns to avoid from a few
+    steps (bench/effects_data.py's wrong sums need the arithmetic of a longer SFT)."""
+    from smelt.posttrain.chat import addition_heldout
+
+    return [{"prompt": [{"role": "user", "content": f"{a}+{b}"}],
+             "chosen": [{"role": "assistant", "content": str(a + b)}],
+             "rejected": [{"role": "assistant", "content": f"{a}{b}"}]}
+            for a in range(10) for b in range(10) if addition_heldout(a, b) == heldout]  # fmt: skip
+
+
+def test_dpo_after_sft_prefers_the_correct_sum_of_heldout_problems(base_run, tmp_path):
+    from smelt.posttrain.chat import write_jsonl
+
+    sft = tmp_path / "sft"
+    posttrain("sft_addition.toml", base_run, sft, "optim.lr=3e-3", "optim.steps=40", "optim.batch_size=8",
+              "optim.seq_len=64", "optim.schedule='cosine'", "data.addition_digits=1", "data.addition_items=2000",
+              "data.heldout=25")  # fmt: skip
+    write_jsonl(tmp_path / "train.jsonl", addition_pairs(False))
+    write_jsonl(tmp_path / "held.jsonl", addition_pairs(True))
+    summary = posttrain("dpo_hh.toml", sft, tmp_path / "dpo", "data.format='preferences'",
+                        f"data.path='{tmp_path / 'train.jsonl'}'", f"data.heldout_path='{tmp_path / 'held.jsonl'}'",
+                        "data.heldout=0", "data.limit=0", "optim.lr=1e-4", "optim.steps=30", "optim.batch_size=16",
+                        "optim.seq_len=32", "optim.warmup_steps=3", "dpo.beta=0.1")  # fmt: skip
+    assert summary["heldout_contaminated"] == 0 and summary["heldout_pairs"] == 25
+    assert summary["heldout_before"]["reward_accuracy"] == 0.5
+    assert summary["heldout_after"]["reward_accuracy"] > 0.6
+
+
+def test_grpo_raises_the_reward_of_heldout_prompts(base_run, tmp_path):
+    # A random model and the format_number reward (0.1 for any number, 1 for the sum): GRPO first teaches
+    # to answer with a number at all, which a model this small learns in a few steps and which carries
+    # over to prompts it never sampled; bench/effects.py shows the exact-match effect from an SFT.
+    summary = posttrain("grpo_addition.toml", base_run, tmp_path / "grpo", "optim.lr=3e-3", "optim.steps=30",
+                        "optim.batch_size=8", "optim.warmup_steps=3", "grpo.group_size=8", "grpo.max_new_tokens=4",
+                        "grpo.kl_coef=0.0", "grpo.reward='format_number'", "data.addition_digits=1",
+                        "data.heldout=25", "eval.items=25")  # fmt: skip
+    assert summary["heldout_items"] == 25 and summary["heldout_contaminated"] == 0
+    assert summary["heldout_sampled_reward_after"] > summary["heldout_sampled_reward_before"] + 0.02
 
 
 @pytest.fixture(scope="module")
