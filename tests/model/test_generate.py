@@ -17,7 +17,14 @@ def build(**overrides) -> Transformer:
     return Transformer(ModelConfig(**base), VOCAB).eval()
 
 
-@pytest.mark.parametrize("overrides", [{}, {"qk_norm": True, "nope_every": 2, "rope_fraction": 0.5}])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"qk_norm": True, "nope_every": 2, "rope_fraction": 0.5},
+        {"value_embeddings": True, "mlp": "relu2"},
+    ],
+)
 def test_cached_logits_equal_full_forward(overrides):
     model = build(**overrides)
     x = torch.randint(0, VOCAB, (3, 20))

@@ -31,7 +31,8 @@ from smelt.errors import UserError
 from smelt.layout import CHECKPOINTS, MARKER, checkpoints_dir
 
 # Keys that fix the shapes of the weights; a fork may change anything else (RoPE, sequence length, ...).
-SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tie_embeddings", "qk_norm")
+SHAPE_KEYS = ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "tie_embeddings", "qk_norm", "mlp",
+              "value_embeddings")  # fmt: skip
 _STEP_SUFFIX = re.compile(r"^(.*):(\d+|latest)$")
 
 

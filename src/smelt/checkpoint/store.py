@@ -410,7 +410,7 @@ def read_meta(checkpoint_dir: Path, verify: bool = True) -> dict[str, Any]:
 # What makes a checkpoint's weights mean something; kernels, init and checkpointing may change on resume.
 _ARCHITECTURE_KEYS = (
     "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "qk_norm", "tie_embeddings", "rope_theta",
-    "rope_fraction", "nope_every", "norm_eps",
+    "rope_fraction", "nope_every", "norm_eps", "mlp", "value_embeddings",
 )  # fmt: skip
 
 

@@ -137,7 +137,17 @@ class ModelConfig:
     n_heads: int = option(4, range=(1, 1024))
     n_kv_heads: int = option(0, range=(0, 1024), help="key/value heads for GQA (0: n_heads)")
     head_dim: int = option(0, range=(0, 4096), help="query/key/value dims per head (0: d_model / n_heads)")
-    d_ff: int = option(0, range=(0, 10**6), help="SwiGLU hidden size (0: 8/3 d rounded)")
+    d_ff: int = option(0, range=(0, 10**6), help="MLP hidden size (0: SwiGLU 8/3 d rounded, ReLU² 4 d)")
+    mlp: str = option(
+        "swiglu",
+        choices=("swiglu", "relu2"),
+        help="dense MLP: swiglu (Llama) or relu2 (down(relu(up(x))^2), modded-nanogpt / nanochat)",
+    )
+    value_embeddings: bool = option(
+        False,
+        help="nanochat's value embeddings: every other layer, ending with the last, adds a token-indexed "
+        "table to its values, gated per key/value head",
+    )
     rope_theta: float = option(10_000.0, range=(1.0, 1e9))
     rope_scaling: str = option(
         "none",
@@ -335,6 +345,11 @@ def _check_cross_fields(cfg: Config, origin: str) -> None:
     if (m.head_dim or m.d_model // m.n_heads) % 2:
         raise ConfigError(f"{origin}: the head dimension d_model / n_heads must be even for RoPE.")
     _check_rope_scaling(m, origin)
+    if m.mlp == "relu2" and m.moe_experts:
+        raise ConfigError(
+            f"{origin}: model.mlp = 'relu2' is for dense models; MoE experts (model.moe_experts = "
+            f"{m.moe_experts}) are SwiGLU. Set model.mlp = 'swiglu' or model.moe_experts = 0."
+        )
     check_moe(m, origin)
     check_expert_parallel(m, cfg.train.expert_parallel, cfg.train.parallel, origin)
     if cfg.train.seq_len > m.max_seq_len:

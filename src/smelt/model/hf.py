@@ -79,6 +79,13 @@ def check_exportable(cfg: ModelConfig) -> str:
             f"transformers classes (Llama, Qwen3), so the exported model would compute different logits. "
             f"Export works for models trained with rope_fraction = 1 and nope_every = 0."
         )
+    if cfg.mlp != "swiglu" or cfg.value_embeddings:
+        raise UserError(
+            f"cannot export to Hugging Face: model.mlp = {cfg.mlp!r} and model.value_embeddings = "
+            f"{str(cfg.value_embeddings).lower()} (ReLU² MLP / value embeddings) have no equivalent in the "
+            f"Llama-shaped transformers classes (Llama, Qwen3), so the exported model would compute different "
+            f"logits. Export works for models trained with mlp = 'swiglu' and value_embeddings = false."
+        )
     if cfg.moe_experts:
         return moe_model_type(cfg)
     return "qwen3" if cfg.qk_norm else "llama"

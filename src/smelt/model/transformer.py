@@ -1,9 +1,9 @@
 """A Llama-style decoder-only transformer.
 
 Pre-norm RMSNorm blocks, grouped-query attention with rotary position embeddings (optionally on a
-fraction of each head's dims, optionally skipped on every k-th layer, with optional QK-norm), a
-SwiGLU MLP (or, on the layers the moe_* keys choose, a mixture of SwiGLU experts: moe.py), no biases
-anywhere, and an LM head tied to the token embedding or not. Everything
+fraction of each head's dims, optionally skipped on every k-th layer, with optional QK-norm and
+value embeddings), a SwiGLU or ReLU² MLP (or, on the layers the moe_* keys choose, a mixture of
+SwiGLU experts: moe.py), no biases anywhere, and an LM head tied to the token embedding or not. Everything
 numerically delicate (norm statistics, RoPE angles, the loss) is computed in fp32 so that bf16
 autocast only touches the matmuls.
 
@@ -29,7 +29,7 @@ from smelt.config import ModelConfig
 from smelt.config.moe import is_moe_layer
 from smelt.model.attention import AttentionMask, attend, dense_mask, document_mask
 from smelt.model.chunked_loss import IGNORE_INDEX, chunked_lm_loss
-from smelt.model.flops import head_dim_of, resolved_d_ff
+from smelt.model.flops import head_dim_of, resolved_d_ff, value_embedding_layers, ve_gate_channels
 from smelt.model.init import InitStep, apply_init
 from smelt.model.moe import MoE
 from smelt.model.rope import apply_rope, model_rope_table, rope_table  # noqa: F401 (re-exported)
@@ -99,7 +99,7 @@ class GatheredKV:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, value_embedding: bool = False) -> None:
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
@@ -110,6 +110,11 @@ class Attention(nn.Module):
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        # nanochat's gate for a value embedding: 2 sigmoid of a few model dims, one scalar per key/value
+        # head; zero weights (init_steps) start it at 1. Absent on the layers without one.
+        self.ve_gate = (
+            nn.Linear(ve_gate_channels(cfg), self.n_kv_heads, bias=False) if value_embedding else None
+        )
         # Telemetry (train/telemetry.py) sets a callable here for one sampled forward, which sees the
         # queries and keys as the attention scores them; None otherwise, and the forward is as before.
         self.probe: Callable[[torch.Tensor, torch.Tensor], None] | None = None
@@ -121,15 +126,22 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         layer: int = 0,
         mask: AttentionMask | GatheredKV = None,
+        ve: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """rope None: a NoPE layer. mask None: plain causal attention (or a single decode step);
-        else the forward's document mask, a dense boolean tensor or a flex BlockMask."""
+        else the forward's document mask, a dense boolean tensor or a flex BlockMask. ve: this layer's
+        value embedding of the tokens [B, T, n_kv_heads x head_dim], added to the values."""
         B, T, _ = x.shape
         # Heads counted from the projections (-1), not the config: under tensor parallelism each
         # rank's wq/wk/wv produce only its own n_heads / T and n_kv_heads / T heads.
         q = self.wq(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        if ve is not None:
+            gate = 2 * torch.sigmoid(self.ve_gate(x[..., : self.ve_gate.in_features]))  # [B, T, kv heads]
+            ve = ve.view(B, T, -1, self.head_dim).transpose(1, 2)
+            # In v's dtype: under autocast the table is fp32 and v bf16, and attention takes one dtype.
+            v = v + (gate.transpose(1, 2).unsqueeze(-1) * ve).to(v.dtype)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -150,16 +162,21 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); or ReLU² (model.mlp = "relu2"): down(relu(up(x))^2),
+    without the gate matrix."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         d_ff = resolved_d_ff(cfg)
-        self.gate = nn.Linear(cfg.d_model, d_ff, bias=False)
+        self.relu2 = cfg.mlp == "relu2"
+        if not self.relu2:
+            self.gate = nn.Linear(cfg.d_model, d_ff, bias=False)
         self.up = nn.Linear(cfg.d_model, d_ff, bias=False)
         self.down = nn.Linear(d_ff, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.relu2:
+            return self.down(F.relu(self.up(x)).square())
         return self.down(F.silu(self.gate(x)) * self.up(x))
 
 
@@ -167,12 +184,12 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer in value_embedding_layers(cfg))
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MoE(cfg) if is_moe_layer(cfg, layer) else MLP(cfg)
 
-    def forward(self, x, rope, cache=None, layer=0, mask=None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), rope, cache, layer, mask)
+    def forward(self, x, rope, cache=None, layer=0, mask=None, ve=None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), rope, cache, layer, mask, ve)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -246,6 +263,16 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.rope_layers = [uses_rope(cfg, i) for i in range(cfg.n_layers)]
+        # Value embeddings (model.value_embeddings): a V x (n_kv_heads x head_dim) table per layer that
+        # has one, outside the blocks so that Muon (which takes the blocks' matrices) leaves them to
+        # AdamW, as it does the token embedding. None without them: the default model is unchanged.
+        ve_layers = value_embedding_layers(cfg)
+        kv_dim = (cfg.n_kv_heads or cfg.n_heads) * head_dim_of(cfg)
+        self.value_embeds = (
+            nn.ModuleDict({str(i): nn.Embedding(vocab_size, kv_dim) for i in ve_layers})
+            if ve_layers
+            else None
+        )
         # Rows per chunk of the training loss (chunked_loss.py); 0 makes the whole batch's logits.
         # A training setting, not part of the model's shape: the trainer sets it from the config.
         self.loss_chunk_rows = 0
@@ -298,6 +325,8 @@ class Transformer(nn.Module):
             )  # fmt: skip
             for module, name in [(f"{prefix}.attn.wo", "weight"), *outputs]:
                 steps.append(InitStep(module, name, "trunc_normal", out_std))
+            if block.attn.ve_gate is not None:
+                steps.append(InitStep(f"{prefix}.attn.ve_gate", "weight", "zeros"))
         # The head (the embedding too, when tied) gets its own std: see resolved_head_init_std.
         steps.append(InitStep("lm_head", "weight", "trunc_normal", resolved_head_init_std(self.cfg)))
         return steps
@@ -350,10 +379,11 @@ class Transformer(nn.Module):
         ckpt = self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer, block in enumerate(self.blocks):
             layer_rope = rope if self.rope_layers[layer] else None
+            ve = self._value_embedding(idx, layer)
             if ckpt and cache is None:
-                x = checkpoint(block, x, layer_rope, None, layer, mask, use_reentrant=False)
+                x = checkpoint(block, x, layer_rope, None, layer, mask, ve, use_reentrant=False)
             else:
-                x = block(x, layer_rope, cache, layer, mask)
+                x = block(x, layer_rope, cache, layer, mask, ve)
         if cache is not None:
             cache.advance(T)
         if targets is not None and self._chunks_loss(reduction):
@@ -372,6 +402,11 @@ class Transformer(nn.Module):
         if moe_aux is not None:
             parts = with_moe_aux_loss(parts, moe_aux, targets)
         return logits, (parts if loss_parts else parts["loss"])
+
+    def _value_embedding(self, idx: torch.Tensor, layer: int) -> torch.Tensor | None:
+        if self.value_embeds is None or str(layer) not in self.value_embeds:
+            return None
+        return self.value_embeds[str(layer)](idx)
 
     def _chunks_loss(self, reduction: str) -> bool:
         """The chunked loss serves a mean loss in training, under autograd, with a whole (not

@@ -61,6 +61,7 @@ class ModelShape:
     tied: bool
     params_total: int
     params_per_layer: int
+    value_embedding_params: int = 0  # model.value_embeddings' tables, beside the token embedding
 
     @classmethod
     def from_config(cls, cfg: ModelConfig, vocab_size: int, name: str = "") -> ModelShape:
@@ -78,6 +79,7 @@ class ModelShape:
             tied=cfg.tie_embeddings,
             params_total=counts["total"],
             params_per_layer=per_layer,
+            value_embedding_params=counts["value_embedding"],
         )
 
     @property
@@ -196,7 +198,7 @@ def memory(shape: ModelShape, layout: Layout, overhead_gb: float = 2.0) -> Memor
     for name in names:
         root = 0.0  # the stage's parameters outside its blocks
         if name in ("first", "only"):
-            root += shape.embedding_params
+            root += shape.embedding_params + shape.value_embedding_params
         if name in ("last", "only"):
             root += head + shape.d_model
         params = (layers * shape.params_per_layer + root) / t

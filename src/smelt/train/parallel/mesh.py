@@ -151,6 +151,8 @@ def check_pipeline_parallel(cfg: Config, dp: int = 1) -> None:
         problems.append(
             "MoE layers (model.moe_experts) have no pipeline plan (their balancing loss spans stages)"
         )
+    if m.value_embeddings:
+        problems.append("model.value_embeddings needs the tokens on every stage, not built; set it to false")
     if tc.precision == "fp16":
         problems.append(
             "train.precision = 'fp16' needs one loss scale over every stage, not built; use 'bf16'"
@@ -241,6 +243,11 @@ def check_tensor_parallel(cfg: Config) -> None:
         problems.append("train.expert_parallel does not compose with it yet; set one of the two to 1")
     if m.qk_norm:
         problems.append("model.qk_norm is not built for it (its weights would see only the local heads)")
+    if m.value_embeddings or m.mlp != "swiglu":
+        problems.append(
+            "model.value_embeddings and model.mlp = 'relu2' have no tensor-parallel plan; set them to false "
+            "and 'swiglu'"
+        )
     if m.z_loss:
         problems.append("model.z_loss needs the log-partition of vocabulary-sharded logits, not built; set 0")
     if cfg.eval.every_steps:
