@@ -11,6 +11,7 @@ the same windows as smelt's model, so the two losses compare like with like.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -156,6 +157,9 @@ def run_baseline(
             bpb = validate(model)
             eval_s += time.perf_counter() - started
             curve.append((step, step * rows * shape.seq_len, round(train_s, 3), bpb))
+            # A long run's curve as it goes: what an interrupted run had reached is still on record.
+            print(f"baseline lr {lr:g} step {step} tokens {curve[-1][1]} train_s {train_s:.1f} bpb {bpb:.4f}",
+                  file=sys.stderr, flush=True)  # fmt: skip
             if stop_below is not None and bpb < stop_below:
                 break
     return {"curve": curve, "train_s": train_s, "eval_s": eval_s, "steps_run": curve[-1][0],

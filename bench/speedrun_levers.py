@@ -5,7 +5,12 @@ scored once at the end on the whole validation split; the GPT-2-style baseline (
 runs at 3 LRs on the same shards, tokens, batch and sequence. Bits per byte at equal tokens do not depend
 on how busy the machine is; the tokens/s beside them do, and the result file records the load average.
 
-    python bench/speedrun_levers.py --work DIR [--only NAME,NAME] [--threads 1]
+    python bench/speedrun_levers.py --work DIR [--only NAME,NAME] [--threads 1] [--seed N]
+    python bench/speedrun_levers.py --work DIR --only baseline --baseline-lr 1.5e-3 --long-tokens 4005888
+
+`--seed N` trains the levers at run.seed = N, which the prepared data must share (curate, tokenizer and
+tokenize with --set run.seed=N). `--baseline-lr` skips the baseline's LR sweep and runs that LR for
+--long-tokens, stopping below xz.
 
 DIR must hold the quickstart's prepared data (`smelt curate/tokenizer train/tokenize
 configs/quickstart.toml --set run.dir=DIR`, or a bench/speedrun.py --work DIR run). It writes
@@ -62,6 +67,38 @@ LEVERS: dict[str, tuple[list[str], str]] = {
     "m_b2048_wsd_s128": ([*D128, f"train.tokens={TOKENS}", *MUON, *B2048, *WSD, "train.seq_len=128",
                           "train.micro_batch=16"], "Muon, half the batch, WSD, sequence 128 (16 x 128)"),
 }  # fmt: skip
+# The recipe as configs/quickstart.toml has it (tiny-1m's 2 key/value heads, Muon 0.02, WSD over the last
+# 30%, 16 x 128 per step) at the levers' tokens: the reference of the levers below.
+RECIPE = [*D128, "model.n_kv_heads=2", *MUON, *WSD, "train.batch_tokens=2048", "train.seq_len=128",
+          "train.micro_batch=16"]  # fmt: skip
+# Tokens that give the recipe's FLOPs at TOKENS (flops_per_token at sequence 128): a shape or vocabulary
+# at fixed FLOPs, rounded down to whole steps of 2,048 tokens.
+LEVERS.update({
+    "q": ([*RECIPE, f"train.tokens={TOKENS}"], "the quickstart's recipe (2 KV heads)"),
+    "q_relu2": ([*RECIPE, f"train.tokens={TOKENS}", "model.mlp=relu2"], "recipe, ReLU² MLP (4d)"),
+    "q_ve": ([*RECIPE, f"train.tokens={TOKENS}", "model.value_embeddings=true"],
+             "recipe, value embeddings (layers 2 and 4)"),
+    "q_mlr01": ([*RECIPE, f"train.tokens={TOKENS}", "train.muon_lr=0.01"], "recipe, Muon LR 0.01"),
+    "q_mlr03": ([*RECIPE, f"train.tokens={TOKENS}", "train.muon_lr=0.03"], "recipe, Muon LR 0.03"),
+    "q_mlr04": ([*RECIPE, f"train.tokens={TOKENS}", "train.muon_lr=0.04"], "recipe, Muon LR 0.04"),
+    "q_wu4k": ([*RECIPE, f"train.tokens={TOKENS}", "train.warmup_tokens=4096"], "recipe, warmup 2 steps (4,096 tokens)"),
+    "q_wu10k": ([*RECIPE, f"train.tokens={TOKENS}", "train.warmup_tokens=10240"],
+                "recipe, warmup 5 steps (10,240 tokens)"),
+    "q_dec20": ([*RECIPE, f"train.tokens={TOKENS}", "train.decay_fraction=0.2"], "recipe, WSD decay over the last 20%"),
+    "q_dec50": ([*RECIPE, f"train.tokens={TOKENS}", "train.decay_fraction=0.5"], "recipe, WSD decay over the last 50%"),
+    "q_d96": ([*RECIPE, "model.d_model=96", "model.n_heads=4", "model.n_kv_heads=2", "train.tokens=493568"],
+              "recipe, d 96 (4 heads of 24) at the recipe's FLOPs"),
+    # At the recipe's time rather than FLOPs: d 96's step costs 0.82 of d 128's CPU seconds on one core
+    # (bench/speedrun_step_cost.py), not FLOPs' 0.62.
+    "q_d96t": ([*RECIPE, "model.d_model=96", "model.n_heads=4", "model.n_kv_heads=2", "train.tokens=376832"],
+               "recipe, d 96 (4 heads of 24) at the recipe's CPU time"),
+    # The vocabularies need their own prepared data: --work DIR prepared with --set tokenizer.vocab_size=N.
+    "q_v2048": ([*RECIPE, "tokenizer.vocab_size=2048", "train.tokens=374784"],
+                "recipe, vocabulary 2,048 at the recipe's FLOPs"),
+    "q_v8192": ([*RECIPE, "tokenizer.vocab_size=8192", "train.tokens=225280"],
+                "recipe, vocabulary 8,192 at the recipe's FLOPs"),
+})  # fmt: skip
+OWN_DATA = ("q_v2048", "q_v8192")  # left out of a run without --only: their --work is another DIR
 BASELINE_LRS = (1.5e-3, 3e-3, 6e-3)
 
 
@@ -79,21 +116,25 @@ def lever_figures(metrics: Path, split: dict) -> dict:
             "eval_s": final["eval_s"]}  # fmt: skip
 
 
-def run_lever(work: Path, name: str, threads: int, split: dict) -> dict:
+def run_lever(work: Path, name: str, threads: int, split: dict, seed: int = 0) -> dict:
+    """One lever's run; `seed` (0: the config's run.seed) sets the run's seed for a second draw."""
     overrides = [f"run.dir={work}", f"train.threads={threads}", "train.eval_budget=0", "train.eval_every=0",
-                 "train.eval_tokens=0", "train.log_every=5", *SHAPE, *LEVERS[name][0]]  # fmt: skip
+                 "train.eval_tokens=0", "train.log_every=5", *SHAPE, *LEVERS[name][0],
+                 *([f"run.seed={seed}"] if seed else [])]  # fmt: skip
     shutil.rmtree(work / "quickstart" / "train", ignore_errors=True)
     env = smelt_env(OMP_NUM_THREADS=str(threads), SMELT_QUIET="1")
     config = str(REPO / "configs" / "quickstart.toml")
     subprocess.run([sys.executable, "-m", "smelt.cli", "train", config, *[x for o in overrides for x in ("--set", o)]],
                    check=True, env=env, stdout=subprocess.DEVNULL)  # fmt: skip
     return {**lever_figures(work / "quickstart" / "train" / "metrics.jsonl", split), "what": LEVERS[name][1],
-            "overrides": LEVERS[name][0]}  # fmt: skip
+            "overrides": LEVERS[name][0], **({"seed": seed} if seed else {})}  # fmt: skip
 
 
-def run_baseline_sweep(work: Path, threads: int, split: dict, long_tokens: int) -> dict:
-    """The baseline at each LR for TOKENS, then its best LR for `long_tokens` (the quickstart's), scored
-    every 40 steps and stopped at the first evaluation below xz."""
+def run_baseline_sweep(
+    work: Path, threads: int, split: dict, long_tokens: int, lr: float = 0.0, eval_every: int = 40
+) -> dict:
+    """The baseline at each LR for TOKENS, then its best LR (or `lr`, skipping the sweep) for
+    `long_tokens`, scored every `eval_every` steps and stopped at the first evaluation below xz."""
     import torch
     from speedrun import crossing, validator
     from speedrun_gpt2 import GPT2Shape, run_baseline
@@ -111,20 +152,20 @@ def run_baseline_sweep(work: Path, threads: int, split: dict, long_tokens: int) 
         "precision": precision,
     }
     out = {}
-    for lr in BASELINE_LRS:
-        r = run_baseline(tokens, shape, lr=lr, tokens=TOKENS, eval_every=10**9, **common)
-        out[f"gpt2_lr{lr:g}"] = {"tokens": r["tokens_run"], "bits_per_byte": round(r["curve"][-1][3], 4),
+    for lr_ in () if lr else BASELINE_LRS:
+        r = run_baseline(tokens, shape, lr=lr_, tokens=TOKENS, eval_every=10**9, **common)
+        out[f"gpt2_lr{lr_:g}"] = {"tokens": r["tokens_run"], "bits_per_byte": round(r["curve"][-1][3], 4),
                                  "params": r["params"], "flops_per_token": r["flops_per_token"],
                                  "tokens_per_s_under_load": round(r["tokens_run"] / r["train_s"]),
-                                 "what": f"GPT-2-style baseline, AdamW lr {lr:g}"}  # fmt: skip
-    best = min(BASELINE_LRS, key=lambda lr: out[f"gpt2_lr{lr:g}"]["bits_per_byte"])
-    r = run_baseline(tokens, shape, lr=best, tokens=long_tokens, eval_every=40,
+                                 "what": f"GPT-2-style baseline, AdamW lr {lr_:g}"}  # fmt: skip
+    best = lr or min(BASELINE_LRS, key=lambda x: out[f"gpt2_lr{x:g}"]["bits_per_byte"])
+    r = run_baseline(tokens, shape, lr=best, tokens=long_tokens, eval_every=eval_every,
                      stop_below=split["xz_bits_per_byte"], **common)  # fmt: skip
     out["gpt2_to_target"] = {"lr": best, "tokens_budget": long_tokens, "to_target": crossing(r["curve"], split["xz_bits_per_byte"]),
                              "best_bits_per_byte": round(min(c[3] for c in r["curve"]), 4), "tokens_run": r["tokens_run"],
                              "train_s_under_load": round(r["train_s"], 1), "eval_s_under_load": round(r["eval_s"], 1),
                              "curve": [(c[0], c[1], c[2], round(c[3], 4)) for c in r["curve"]],
-                             "what": "GPT-2-style baseline at its best LR for the quickstart's tokens"}  # fmt: skip
+                             "what": f"GPT-2-style baseline at lr {best:g} for {long_tokens:,} tokens"}  # fmt: skip
     return out
 
 
@@ -133,21 +174,32 @@ def main() -> None:
     p.add_argument("--work", required=True, help="directory whose quickstart/ holds the prepared data")
     p.add_argument("--only", default="", help="comma-separated lever names (and/or 'baseline'); default all")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0, help="run.seed for the levers (0: the config's, 1337)")
     p.add_argument("--out", default="speedrun_levers", help="result name under bench/results/")
     p.add_argument("--long-tokens", type=int, default=1_000_000, help="the baseline's run to the target")
+    p.add_argument("--baseline-lr", type=float, default=0.0, help="skip the LR sweep: this LR to the target")
+    p.add_argument(
+        "--baseline-eval-every", type=int, default=40, help="steps between the long run's evaluations"
+    )
     a = p.parse_args()
     from speedrun import split_figures
 
     work = Path(a.work)
     split = split_figures(work / "quickstart")
-    names = a.only.split(",") if a.only else [*LEVERS, "baseline"]
+    names = a.only.split(",") if a.only else [*(n for n in LEVERS if n not in OWN_DATA), "baseline"]
     load_before, started = os.getloadavg(), time.time()
     results = {}
     for name in names:
         if name == "baseline":
-            results.update(run_baseline_sweep(work, a.threads, split, a.long_tokens))
+            results.update(
+                run_baseline_sweep(
+                    work, a.threads, split, a.long_tokens, a.baseline_lr, a.baseline_eval_every
+                )
+            )
         else:
-            results[name] = run_lever(work, name, a.threads, split)
+            results[name + (f"@seed{a.seed}" if a.seed else "")] = run_lever(
+                work, name, a.threads, split, a.seed
+            )
     write_result(a.out, {
         "levers": results, "xz_bits_per_byte": round(split["xz_bits_per_byte"], 4), "threads": a.threads,
         "load_average_before": [round(x, 2) for x in load_before],
