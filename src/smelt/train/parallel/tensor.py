@@ -63,10 +63,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any) -> None:
             tp_mesh,
             {
                 "attn_norm": SequenceParallel(),
-                # Attention takes (x, rope, cache, layer, mask): only x is a sequence-sharded activation.
+                # Attention takes (x, rope, cache, layer, mask, ve): only x is a sequence-sharded activation
+                # (tensor parallelism refuses value embeddings, so ve is None).
                 "attn": PrepareModuleInput(
-                    input_layouts=(Shard(1), None, None, None, None),
-                    desired_input_layouts=(Replicate(), None, None, None, None),
+                    input_layouts=(Shard(1), None, None, None, None, None),
+                    desired_input_layouts=(Replicate(), None, None, None, None, None),
                 ),
                 "attn.wq": ColwiseParallel(),
                 "attn.wk": ColwiseParallel(),
