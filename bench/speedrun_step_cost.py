@@ -2,8 +2,9 @@
 
 Wall-clock tokens/s on a busy machine follow the load; the process's CPU time per step much less so
 (cache and SMT contention remain). Each shape runs `--steps` steps of the quickstart's batch (16 x 128,
-bf16 autocast, Muon + AdamW as the recipe has them) in turn, `--rounds` times; the figure is the median
-CPU seconds per step and its ratio to the first shape, beside the FLOPs ratio.
+bf16 autocast, Muon + AdamW as the recipe has them; the GPT-2-style baseline of bench/speedrun_gpt2.py
+with its AdamW) in turn, `--rounds` times; the figure is the median CPU seconds per step and its ratio
+to the first shape, beside the FLOPs ratio.
 
     python bench/speedrun_step_cost.py [--rounds 3] [--steps 20] [--out speedrun_step_cost]
 """
@@ -35,6 +36,7 @@ def main() -> None:
     p.add_argument("--out", default="speedrun_step_cost")
     a = p.parse_args()
     import torch
+    from speedrun_gpt2 import GPT2, GPT2Shape
 
     from smelt.config import ModelConfig, TrainConfig
     from smelt.model.flops import flops_per_token
@@ -50,10 +52,19 @@ def main() -> None:
         )
         torch.manual_seed(0)
         model = Transformer(cfg, a.vocab)
-        runs[name] = (cfg, model, build_optimizer(model, tc, torch.device("cpu")), [])
+        runs[name] = (
+            flops_per_token(cfg, a.vocab, 128),
+            model,
+            build_optimizer(model, tc, torch.device("cpu")),
+            [],
+        )
+    torch.manual_seed(0)
+    gpt2 = GPT2(GPT2Shape(a.vocab, 128, 4, 4, 128))
+    opt = torch.optim.AdamW(gpt2.parameters(), lr=1.5e-3, betas=(0.9, 0.95), fused=True)
+    runs["gpt2_baseline"] = (gpt2.flops_per_token(), gpt2, opt, [])
     x = torch.randint(0, a.vocab, (16, 129), generator=torch.Generator().manual_seed(0))
     for _ in range(a.rounds):
-        for _cfg, model, opt, times in runs.values():
+        for _flops, model, opt, times in runs.values():
             for step in range(a.steps + 2):
                 started = time.process_time()
                 with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -65,12 +76,12 @@ def main() -> None:
                     times.append(time.process_time() - started)
     first = next(iter(runs))
     base_s = statistics.median(runs[first][3])
-    base_f = flops_per_token(runs[first][0], a.vocab, 128)
+    base_f = runs[first][0]
     figures = {}
-    for name, (cfg, _, _, times) in runs.items():
+    for name, (flops, _, _, times) in runs.items():
         s = statistics.median(times)
         figures[name] = {"cpu_s_per_step": round(s, 4), "cpu_ratio": round(s / base_s, 3),
-                         "flops_ratio": round(flops_per_token(cfg, a.vocab, 128) / base_f, 3)}  # fmt: skip
+                         "flops_ratio": round(flops / base_f, 3)}  # fmt: skip
     write_result(a.out, {"shapes": figures, "steps": a.steps * a.rounds, "batch": "16 x 128"})
 
 
