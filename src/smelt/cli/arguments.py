@@ -34,6 +34,18 @@ def add_config_args(
     add_common(parser, force)
 
 
+def add_stage_output_args(parser: argparse.ArgumentParser, output: str) -> None:
+    """`--workers` and `--publish URL` of a stage that writes RUN/`output` with worker processes."""
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
+    parser.add_argument(
+        "--publish",
+        metavar="URL",
+        default=None,
+        help=f"then copy the {output} directory to URL (s3://, gs://, ... through fsspec; "
+        "a rerun uploads only what changed)",
+    )
+
+
 def group(
     subparsers: argparse._SubParsersAction,
     name: str,

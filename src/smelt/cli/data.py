@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from smelt.cli.arguments import add_config_args
+from smelt.cli.arguments import add_config_args, add_stage_output_args
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -18,14 +18,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         "`smelt curate quality-train CONFIG` trains the quality classifier that data.quality.model names.",
     )
     add_config_args(p)
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
-    p.add_argument(
-        "--publish",
-        metavar="URL",
-        default=None,
-        help="then copy the documents directory to URL (s3://, gs://, ... through fsspec; "
-        "a rerun uploads only what changed)",
-    )
+    add_stage_output_args(p, "documents")
     p.set_defaults(func=_curate)
 
 

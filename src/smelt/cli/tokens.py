@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from smelt.cli.arguments import add_config_args
+from smelt.cli.arguments import add_config_args, add_stage_output_args
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -15,14 +15,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         description="Encode every split and source into tokens/<split>/<source>/NNNNN.bin + .idx.",
     )
     add_config_args(p)
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: the config's)")
-    p.add_argument(
-        "--publish",
-        metavar="URL",
-        default=None,
-        help="then copy the tokens directory to URL (s3://, gs://, ... through fsspec; "
-        "a rerun uploads only what changed)",
-    )
+    add_stage_output_args(p, "tokens")
     p.set_defaults(func=_tokenize)
 
 
