@@ -141,7 +141,7 @@ class TrainConfig:
         0, range=(0, 10**15), help="linear re-warmup at each curriculum stage boundary (0: none)"
     )
     optimizer: str = option(
-        "adamw", choices=("adamw", "muon"), help="muon: Muon for 2-D hidden matrices, AdamW for the rest"
+        "adamw", choices=("adamw", "muon"), help="muon: Muon for the matrices in blocks, AdamW for the rest"
     )
     muon_lr: float = option(0.02, range=(0.0, 10.0), help="Muon's LR (its updates are orthogonalised)")
     on_nonfinite: str = option(

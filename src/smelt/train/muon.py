@@ -7,7 +7,8 @@ same optimizer object so that one step, one state dict and one LR schedule cover
 
 Groups with `muon=True` get Muon (lr is the group's own, e.g. 0.02, scaled like AdamW's by the
 schedule); the rest get AdamW with the usual betas/eps/decoupled weight decay. The update is scaled
-by sqrt(max(1, rows/cols)) so its RMS is independent of the matrix's aspect ratio.
+by sqrt(max(1, rows/cols)) so its RMS is independent of the matrix's aspect ratio. A 3-D weight (the
+MoE's experts, stacked [experts, in, out]) is orthogonalised expert by expert.
 Not supported under FSDP2 (the orthogonalisation needs the whole matrix, which FSDP shards).
 """
 
@@ -21,17 +22,25 @@ import torch
 
 
 def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """An approximately orthogonal matrix with g's singular vectors (the quintic iteration of Muon)."""
+    """An approximately orthogonal matrix with g's singular vectors (the quintic iteration of Muon); for
+    a 3-D g, each matrix g[i] on its own."""
     a, b, c = 3.4445, -4.7750, 2.0315
     x = g.float()
-    transposed = x.shape[0] > x.shape[1]
+    transposed = x.shape[-2] > x.shape[-1]
     if transposed:
-        x = x.T
-    x = x / (x.norm() + eps)
+        x = x.mT
+    x = x / ((x.norm() if x.ndim == 2 else torch.linalg.matrix_norm(x, keepdim=True)) + eps)
     for _ in range(steps):
-        s = x @ x.T
+        s = x @ x.mT
         x = a * x + (b * s + c * s @ s) @ x
-    return x.T if transposed else x
+    return x.mT if transposed else x
+
+
+def shape_scale(p: torch.Tensor) -> float:
+    """sqrt(max(1, out/in)): a 2-D weight is nn.Linear's [out, in]; a 3-D one a stack of matrices in the
+    x @ W layout [n, in, out] (the MoE's experts)."""
+    rows, cols = (p.shape[0], p.shape[1]) if p.ndim == 2 else (p.shape[2], p.shape[1])
+    return math.sqrt(max(1.0, rows / cols))
 
 
 class Muon(torch.optim.Optimizer):
@@ -67,7 +76,7 @@ class Muon(torch.optim.Optimizer):
                     buf.mul_(group["momentum"]).add_(p.grad)
                     update = p.grad.add(buf, alpha=group["momentum"])  # Nesterov
                     ortho = newton_schulz(update, group["ns_steps"]).to(p.dtype)
-                    p.add_(ortho, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
+                    p.add_(ortho, alpha=-lr * shape_scale(p))
                     continue
                 beta1, beta2 = group["betas"]
                 if "step" not in state:

@@ -33,13 +33,15 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def muon_groups(model: nn.Module, cfg: TrainConfig) -> list[dict]:
-    """Muon for the 2-D weights inside the transformer blocks; AdamW groups for everything else.
+    """Muon for the matrices inside the transformer blocks (2-D weights and the MoE's stacked experts);
+    AdamW groups for everything else.
 
     The embedding and the LM head are excluded even though they are matrices: their rows are looked
     up (or read out) one token at a time, which is not the geometry Muon's orthogonalisation assumes.
     """
     blocks = getattr(model, "blocks", None)
-    hidden = {id(p) for p in blocks.parameters() if p.ndim == 2} if blocks is not None else set()
+    # 3-D: the MoE's stacked expert matrices, each orthogonalised on its own.
+    hidden = {id(p) for p in blocks.parameters() if p.ndim in (2, 3)} if blocks is not None else set()
     groups = param_groups(model, cfg.weight_decay)
     muon = [p for g in groups for p in g["params"] if id(p) in hidden]
     rest = [{**g, "params": [p for p in g["params"] if id(p) not in hidden]} for g in groups]
