@@ -11,18 +11,35 @@ MoE: a dense tiny-1m (d_ff 384) against the same shape whose every MLP is EXPERT
 and layer). The MoE that counts balances with both the per-expert bias of auxiliary-loss-free balancing
 (DeepSeek-V3, `moe_bias_rate`) and the auxiliary load-balancing loss (`moe_aux_loss`); each alone is
 reported beside it (aux-loss-free against the auxiliary loss), on the first seed. After balancing:
-the worst layer's max/mean expert load over the last log window. 300 steps of 512 tokens, AdamW at
-3e-3 (the best of the Muon effect's AdamW sweep), cosine. The per-seed differences are dominated by
-when each model leaves the loss plateau near 6.4 nats, not by the experts: at 1e-2 with 512-token
-steps they were +0.04, +0.27 and -0.05 nats, at 1e-2 with 1,024-token steps -0.23, +0.12 and +0.15,
-and at this design +0.15, -0.12 and +0.09 (docs/benchmarks.md).
+the worst layer's max/mean expert load over the last log window.
+
+Both arms train with the quickstart's recipe (configs/quickstart.toml): 250 steps of 2,048 tokens
+(512,000 tokens), Muon at 0.02 for every matrix inside the blocks (attention, the dense MLP, the router
+and each expert's matrices, orthogonalised expert by expert) and AdamW at 3e-3 for the embedding, norms
+and head, 10 warmup steps, WSD with the last half of the steps decaying to 0. It leaves the loss
+plateau near 6.4 nats within about 80 steps and ends near 4.65 nats, so the comparison is between
+trained models, not between the times the runs left the plateau. Result: dense 4.662, 4.672 and
+4.631 held-out nats against the MoE's 4.636, 4.586 and 4.612, differences +0.026, +0.086 and +0.019
+(mean 0.044, spread 0.037): positive on every seed but not twice the spread, so not shown. The MoE
+trails dense by up to 0.16 nats of training loss around step 60 and overtakes it only at step 130
+(seed 1) or 200-220 (seeds 0 and 2), where the gap is still growing at the end. The worst layer's
+load is 1.08-1.10 (met); the auxiliary loss alone ends at 4.631 with a worst load of 1.32 (not met),
+the bias alone at 4.637 with 1.07.
+
+Designs that failed (dense minus MoE, held-out nats): 300 steps of 512 tokens with AdamW and a cosine
+schedule ended near 5.9 nats, barely off the plateau, and the sign followed when each run left it:
++0.04, +0.27 and -0.05 at lr 1e-2, -0.23, +0.12 and +0.15 at 1e-2 with 1,024-token steps, +0.15,
+-0.12 and +0.09 at 3e-3. At this recipe on seed 0: AdamW (3e-3) for both arms ended at 5.497 (dense)
+and 5.514 (MoE), -0.017; Muon while the 3-D expert weights still fell to AdamW at 3e-3 (before
+smelt.train.optim gave them Muon) 4.662 and 4.922, -0.260, a comparison of optimizers, not of MLPs.
 
 Muon (report only): AdamW and Muon (Muon for the 2-D hidden matrices, AdamW for the rest at train.lr
 1e-2) at equal tokens, 300 steps of 512 tokens, each at the best of three LRs on the first seed, then
 all seeds at each one's best.
 
-$EFFECTS_MOE_STEPS, $EFFECTS_MOE_BATCH, $EFFECTS_MOE_LR, $EFFECTS_MOE_EXPERTS, $EFFECTS_MOE_TOP_K,
-$EFFECTS_MOE_BIAS_RATE and $EFFECTS_MOE_VARIANT_SEEDS change the MoE design (for trying others).
+$EFFECTS_MOE_STEPS, $EFFECTS_MOE_BATCH, $EFFECTS_MOE_LR, $EFFECTS_MOE_OPTIMIZER (muon or adamw),
+$EFFECTS_MOE_MUON_LR, $EFFECTS_MOE_EXPERTS, $EFFECTS_MOE_TOP_K, $EFFECTS_MOE_BIAS_RATE and
+$EFFECTS_MOE_VARIANT_SEEDS change the MoE design (for trying others).
 """
 
 from __future__ import annotations
@@ -56,14 +73,14 @@ max_seq_len = 128
 
 [train]
 seq_len = 128
-micro_batch = 4
+micro_batch = {micro_batch}
 batch_tokens = {batch}
 tokens = {tokens}
 lr = {lr}
 {optimizer}
 threads = 1
 warmup_tokens = {warmup}
-schedule = "cosine"
+{schedule}
 log_every = {log_every}
 eval_every = 0
 eval_tokens = 8_192
@@ -80,16 +97,22 @@ prompts = []
 max_new_tokens = 8
 """
 )
-BATCH = int(os.environ.get("EFFECTS_MOE_BATCH", "512"))  # tokens per step
-STEPS = int(os.environ.get("EFFECTS_MOE_STEPS", "300"))  # every model's steps: 153,600 tokens at 300
-LR = float(os.environ.get("EFFECTS_MOE_LR", "3e-3"))  # AdamW's peak LR (cosine decay to the end)
+# The MoE effect's design: the quickstart's recipe (configs/quickstart.toml) at this corpus.
+BATCH = int(os.environ.get("EFFECTS_MOE_BATCH", "2048"))  # tokens per step
+MICRO_BATCH = BATCH // 128  # sequences of 128 per forward: one micro step per optimizer step
+STEPS = int(os.environ.get("EFFECTS_MOE_STEPS", "250"))  # every model's steps: 512,000 tokens at 250
+LR = float(os.environ.get("EFFECTS_MOE_LR", "3e-3"))  # AdamW's peak LR (the embeddings and norms with Muon)
+OPTIMIZER = os.environ.get("EFFECTS_MOE_OPTIMIZER", "muon")
+MUON_LR = float(os.environ.get("EFFECTS_MOE_MUON_LR", "0.02"))
+WARMUP = 20_480  # tokens: 10 steps of 2,048
+SCHEDULE = 'schedule = "wsd"\ndecay_fraction = 0.5\nmin_lr_ratio = 0.0'
 D_FF = 384  # tiny-1m's dense SwiGLU width (8/3 x 128, rounded up to a multiple of 64)
 EXPERTS = int(os.environ.get("EFFECTS_MOE_EXPERTS", "8"))
 TOP_K = int(os.environ.get("EFFECTS_MOE_TOP_K", "2"))
 BIAS_RATE = float(os.environ.get("EFFECTS_MOE_BIAS_RATE", "1e-2"))
 AUX_LOSS = 0.01
 LOAD_TARGET = 1.3  # the worst layer's max/mean expert load after balancing, at most
-LOG_EVERY = 20  # the load is measured over the last log window: 20 steps, 20,480 token copies a layer
+LOG_EVERY = 20  # the load is measured over the last log window: 20 steps, 81,920 token copies a layer
 MOE = f"moe_experts = {EXPERTS}\nmoe_top_k = {TOP_K}\nmoe_d_ff = {D_FF // TOP_K}\nmoe_z_loss = 0.001\n"
 # The MoE that counts balances with both the bias and the auxiliary loss; each alone is reported.
 VARIANTS = {
@@ -101,36 +124,49 @@ ADAMW_LRS = (3e-3, 1e-2, 3e-2)  # train.lr
 MUON_LRS = (1e-2, 3e-2, 1e-1)  # train.muon_lr
 VARIANT_SEEDS = int(os.environ.get("EFFECTS_MOE_VARIANT_SEEDS", "1"))  # seeds of each balancing alone
 MUON_BATCH = 512
+MUON_STEPS = 300  # the Muon effect's steps: 153,600 tokens
+MUON_MICRO_BATCH = 4
 MUON_REST_LR = 1e-2  # train.lr of the Muon runs: AdamW's for the embeddings, norms and head
+COSINE = 'schedule = "cosine"'  # the Muon effect's schedule, after a warmup of 10% of the steps
 
 
 def data_run(runs: Path, shared: Path, seed: int) -> Path:
     """The data stages of one seed (documents, tokenizer, token shards), run once."""
     run = runs / f"data-{seed}"
     if not (run / "tokens" / "meta.json").is_file():
-        config = write_config(runs, shared, f"data-{seed}", seed, "", "", STEPS, LR, BATCH)
+        config = write_config(runs, shared, f"data-{seed}", seed)
         for stage in (["curate"], ["tokenizer", "train"], ["tokenize"]):
             smelt(*stage, str(config))
     return run
 
 
-def write_config(runs: Path, shared: Path, name: str, seed: int, model: str, optimizer: str, steps: int,
-                 lr: float, batch: int) -> Path:  # fmt: skip
+def moe_optimizer() -> str:
+    """The MoE effect's [train] optimizer lines (both arms)."""
+    return f'optimizer = "muon"\nmuon_lr = {MUON_LR}' if OPTIMIZER == "muon" else ""
+
+
+def write_config(runs: Path, shared: Path, name: str, seed: int, model: str = "", optimizer: str | None = None,
+                 steps: int = STEPS, lr: float = LR, batch: int = BATCH, micro_batch: int = MICRO_BATCH,
+                 warmup: int | None = WARMUP, schedule: str = SCHEDULE) -> Path:  # fmt: skip
+    """A run's config; warmup None is 10% of the steps."""
     runs.mkdir(parents=True, exist_ok=True)
     config = runs / f"{name}.toml"
     config.write_text(CONFIG.format(
-        name=name, runs=runs.resolve(), shared=shared, seed=seed, model=model, optimizer=optimizer,
-        batch=batch, tokens=steps * batch, warmup=steps * batch // 10, lr=lr, log_every=LOG_EVERY,
+        name=name, runs=runs.resolve(), shared=shared, seed=seed, model=model,
+        optimizer=moe_optimizer() if optimizer is None else optimizer, batch=batch, micro_batch=micro_batch,
+        tokens=steps * batch, warmup=steps * batch // 10 if warmup is None else warmup, schedule=schedule, lr=lr,
+        log_every=LOG_EVERY,
     ))  # fmt: skip
     return config
 
 
-def train_and_score(runs: Path, shared: Path, name: str, seed: int, model: str = "", optimizer: str = "",
-                    steps: int = STEPS, lr: float = LR, batch: int = BATCH) -> dict:  # fmt: skip
-    """Train one model of `seed` on the seed's token shards and score its last checkpoint held out:
-    loss (nats), bits per byte, the last `moe` record of metrics.jsonl (None for a dense model)."""
+def train_and_score(runs: Path, shared: Path, name: str, seed: int, model: str = "", **design) -> dict:
+    """Train one model of `seed` on the seed's token shards (`design`: write_config's keywords) and score
+    its last checkpoint held out: loss (nats), bits per byte, the last `moe` record of metrics.jsonl
+    (None for a dense model), the training's wall time."""
     data = data_run(runs, shared, seed)
-    config = write_config(runs, shared, name, seed, model, optimizer, steps, lr, batch)
+    config = write_config(runs, shared, name, seed, model, **design)
+    steps = design.get("steps", STEPS)
     run = runs / name
     scored = run / "eval" / f"step_{steps:07d}.json"
     if not scored.is_file():
@@ -210,7 +246,11 @@ def moe_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
         result["aux_loss_free_vs_aux_loss"]["shown"] = None
     result.update({"sizes": sizes(runs, seeds[0]), "experts": EXPERTS, "top_k": TOP_K, "expert_d_ff": D_FF // TOP_K,
                    "dense_d_ff": D_FF, "steps": STEPS, "batch_tokens": BATCH, "tokens": STEPS * BATCH, "lr": LR,
-                   "schedule": "cosine, 10% warmup", "variants": VARIANTS,
+                   "optimizer": (f"Muon at {MUON_LR:g} for every matrix in the blocks (attention, dense MLP, "
+                                 f"router, each expert's matrices), AdamW at {LR:g} for the rest"
+                                 if OPTIMIZER == "muon" else f"AdamW at {LR:g}"),
+                   "schedule": f"{WARMUP:,} warmup tokens, WSD with the last half of the steps decaying to 0",
+                   "variants": VARIANTS,
                    "run_wall_time_s": {"dense": [d["wall_time_s"] for d in dense.values()],
                                        "moe": [s["wall_time_s"] for s in sparse.values()],
                                        **{n: [s["wall_time_s"] for s in v.values()] for n, v in variants.items()}},
@@ -222,12 +262,15 @@ def moe_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
 def muon_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
     """Report only: Muon against AdamW, each at the best of its three LRs on the first seed."""
 
+    design = {"steps": MUON_STEPS, "batch": MUON_BATCH, "micro_batch": MUON_MICRO_BATCH, "warmup": None,
+              "schedule": COSINE}  # fmt: skip
+
     def adamw(lr: float, seed: int) -> dict:
-        return train_and_score(runs, shared, f"adamw-{lr:g}-{seed}", seed, lr=lr, batch=MUON_BATCH)
+        return train_and_score(runs, shared, f"adamw-{lr:g}-{seed}", seed, lr=lr, optimizer="", **design)
 
     def muon(lr: float, seed: int) -> dict:
-        return train_and_score(runs, shared, f"muon-{lr:g}-{seed}", seed, lr=MUON_REST_LR, batch=MUON_BATCH,
-                               optimizer=f'optimizer = "muon"\nmuon_lr = {lr}')  # fmt: skip
+        return train_and_score(runs, shared, f"muon-{lr:g}-{seed}", seed, lr=MUON_REST_LR,
+                               optimizer=f'optimizer = "muon"\nmuon_lr = {lr}', **design)  # fmt: skip
 
     first = seeds[0]
     sweep = {"adamw": {f"{lr:g}": round(adamw(lr, first)["loss"], 4) for lr in ADAMW_LRS},
@@ -238,7 +281,7 @@ def muon_effect(runs: Path, shared: Path, seeds: list[int]) -> dict:
     result = effect(f"held-out loss (nats) at equal tokens: AdamW at lr {best['adamw']:g} (before) against Muon at "
                     f"muon_lr {best['muon']:g} (after), each the best of its 3-point sweep on seed {first}", seeds,
                     before, after, 0.0, better="lower", sweep_seed=first, sweep=sweep, best_lr=best,
-                    steps=STEPS, batch_tokens=MUON_BATCH, tokens=STEPS * MUON_BATCH,
+                    steps=MUON_STEPS, batch_tokens=MUON_BATCH, tokens=MUON_STEPS * MUON_BATCH,
                     muon_rest=f"Muon takes the 2-D hidden matrices; the embeddings, norms and head keep AdamW "
                               f"at lr {MUON_REST_LR:g} (train.lr) in the Muon runs")  # fmt: skip
     result["sweep_shown"] = result["shown"]

@@ -1,7 +1,8 @@
-"""The sign of bench/effects_moe.py's balancing, at test size: the MoE balanced as the effect balances it
-(the aux-loss-free bias and the auxiliary loss together) ends with a lower worst-layer max/mean expert
-load than the same MoE trained without any balancing, on the same tokens from the same seed; and the
-bias alone balances too."""
+"""The signs of bench/effects_moe.py's MoE, at test size, trained as the effect trains it (Muon for the
+matrices in the blocks, the experts' included, AdamW for the rest; WSD): the MoE balanced as the effect
+balances it (the aux-loss-free bias and the auxiliary loss together) ends with a lower worst-layer
+max/mean expert load than the same MoE trained without any balancing, on the same tokens from the same
+seed, and the bias alone balances too."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ def worst_final_load(tmp_path, name: str, **balancing) -> float:
         (tmp_path / "data").mkdir()
         write_token_data(tmp_path / "data")
     cfg = moe_config(moe_experts=8, moe_top_k=2, moe_d_ff=32, **balancing)
-    # 60 steps of 256 tokens at a high LR, where an unbalanced router concentrates its load.
-    cfg.train.tokens, cfg.train.lr, cfg.train.log_every, cfg.train.spike_triage = 256 * 60, 1e-2, 10, "off"
+    # 60 steps of 256 tokens at the effect's optimizer and schedule, where an unbalanced router
+    # concentrates its load.
+    cfg.train.tokens, cfg.train.log_every, cfg.train.spike_triage = 256 * 60, 10, "off"
+    cfg.train.optimizer, cfg.train.muon_lr, cfg.train.lr = "muon", 0.02, 3e-3
+    cfg.train.warmup_tokens, cfg.train.schedule, cfg.train.decay_fraction = 256 * 5, "wsd", 0.5
     cfg.checkpoint.every_steps = 0
     out = tmp_path / name
     train(cfg, tokens, tmp_path / "data" / "tokenizer", out)
