@@ -13,18 +13,21 @@ and layer). The MoE that counts balances with both the per-expert bias of auxili
 reported beside it (aux-loss-free against the auxiliary loss), on the first seed. After balancing:
 the worst layer's max/mean expert load over the last log window.
 
-Both arms train with the quickstart's recipe (configs/quickstart.toml): 250 steps of 2,048 tokens
-(512,000 tokens), Muon at 0.02 for every matrix inside the blocks (attention, the dense MLP, the router
+Both arms train with the quickstart's recipe (configs/quickstart.toml): 375 steps of 2,048 tokens
+(768,000 tokens), Muon at 0.02 for every matrix inside the blocks (attention, the dense MLP, the router
 and each expert's matrices, orthogonalised expert by expert) and AdamW at 3e-3 for the embedding, norms
 and head, 10 warmup steps, WSD with the last half of the steps decaying to 0. It leaves the loss
-plateau near 6.4 nats within about 80 steps and ends near 4.65 nats, so the comparison is between
-trained models, not between the times the runs left the plateau. Result: dense 4.662, 4.672 and
-4.631 held-out nats against the MoE's 4.636, 4.586 and 4.612, differences +0.026, +0.086 and +0.019
-(mean 0.044, spread 0.037): positive on every seed but not twice the spread, so not shown. The MoE
-trails dense by up to 0.16 nats of training loss around step 60 and overtakes it only at step 130
-(seed 1) or 200-220 (seeds 0 and 2), where the gap is still growing at the end. The worst layer's
-load is 1.08-1.10 (met); the auxiliary loss alone ends at 4.631 with a worst load of 1.32 (not met),
-the bias alone at 4.637 with 1.07.
+plateau near 6.4 nats within about 80 steps, so the comparison is between trained models, not between
+the times the runs left the plateau. The MoE trails dense by up to 0.16 nats of training loss around
+step 60 and overtakes it at step 130-220, so the gap grows with the steps: at 250 steps (512,000
+tokens; bench/effects.py's run, 2026-11-28) dense 4.662, 4.672 and 4.631 held-out nats against the
+MoE's 4.636, 4.586 and 4.612, +0.026, +0.086 and +0.019 (mean 0.044, spread 0.037), positive on every
+seed but not shown; worst load 1.08-1.10; the auxiliary loss alone 4.631 with a worst load of 1.32
+(the target missed), the bias alone 4.637 with 1.07. At 375 steps (the same code, run one model at a
+time through train_and_score while the machine was loaded): dense 4.333, 4.366 and 4.304 against
+4.262, 4.221 and 4.234, +0.071, +0.145 and +0.070 (mean 0.095, spread 0.043: shown, narrowly), worst
+load 1.04-1.07; on seed 0 the auxiliary loss alone 4.275 (worst load 1.30), the bias alone 4.277
+(1.13). bench/results/effects.json holds the 250-step run until bench/effects.py runs this design.
 
 Designs that failed (dense minus MoE, held-out nats): 300 steps of 512 tokens with AdamW and a cosine
 schedule ended near 5.9 nats, barely off the plateau, and the sign followed when each run left it:
@@ -100,7 +103,7 @@ max_new_tokens = 8
 # The MoE effect's design: the quickstart's recipe (configs/quickstart.toml) at this corpus.
 BATCH = int(os.environ.get("EFFECTS_MOE_BATCH", "2048"))  # tokens per step
 MICRO_BATCH = BATCH // 128  # sequences of 128 per forward: one micro step per optimizer step
-STEPS = int(os.environ.get("EFFECTS_MOE_STEPS", "250"))  # every model's steps: 512,000 tokens at 250
+STEPS = int(os.environ.get("EFFECTS_MOE_STEPS", "375"))  # every model's steps: 768,000 tokens at 375
 LR = float(os.environ.get("EFFECTS_MOE_LR", "3e-3"))  # AdamW's peak LR (the embeddings and norms with Muon)
 OPTIMIZER = os.environ.get("EFFECTS_MOE_OPTIMIZER", "muon")
 MUON_LR = float(os.environ.get("EFFECTS_MOE_MUON_LR", "0.02"))
