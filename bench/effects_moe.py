@@ -23,8 +23,8 @@ step 60 and overtakes it at step 130-220, so the gap grows with the steps: at 25
 tokens; bench/effects.py's run, 2026-11-28) dense 4.662, 4.672 and 4.631 held-out nats against the
 MoE's 4.636, 4.586 and 4.612, +0.026, +0.086 and +0.019 (mean 0.044, spread 0.037), positive on every
 seed but not shown; worst load 1.08-1.10; the auxiliary loss alone 4.631 with a worst load of 1.32
-(the target missed), the bias alone 4.637 with 1.07. At 375 steps (the same code, run one model at a
-time through train_and_score while the machine was loaded): dense 4.333, 4.366 and 4.304 against
+(the target missed), the bias alone 4.637 with 1.07. At 375 steps (the same code, through train_and_score, two
+models at a time while the machine was loaded): dense 4.333, 4.366 and 4.304 against
 4.262, 4.221 and 4.234, +0.071, +0.145 and +0.070 (mean 0.095, spread 0.043: shown, narrowly), worst
 load 1.04-1.07; on seed 0 the auxiliary loss alone 4.275 (worst load 1.30), the bias alone 4.277
 (1.13). bench/results/effects.json holds the 250-step run until bench/effects.py runs this design.
@@ -32,7 +32,7 @@ load 1.04-1.07; on seed 0 the auxiliary loss alone 4.275 (worst load 1.30), the 
 Designs that failed (dense minus MoE, held-out nats): 300 steps of 512 tokens with AdamW and a cosine
 schedule ended near 5.9 nats, barely off the plateau, and the sign followed when each run left it:
 +0.04, +0.27 and -0.05 at lr 1e-2, -0.23, +0.12 and +0.15 at 1e-2 with 1,024-token steps, +0.15,
--0.12 and +0.09 at 3e-3. At this recipe on seed 0: AdamW (3e-3) for both arms ended at 5.497 (dense)
+-0.12 and +0.09 at 3e-3. At 250 steps of this recipe on seed 0: AdamW (3e-3) for both arms ended at 5.497 (dense)
 and 5.514 (MoE), -0.017; Muon while the 3-D expert weights still fell to AdamW at 3e-3 (before
 smelt.train.optim gave them Muon) 4.662 and 4.922, -0.260, a comparison of optimizers, not of MLPs.
 
