@@ -32,9 +32,10 @@ load 1.04-1.07; on seed 0 the auxiliary loss alone 4.275 (worst load 1.30), the 
 Designs that failed (dense minus MoE, held-out nats): 300 steps of 512 tokens with AdamW and a cosine
 schedule ended near 5.9 nats, barely off the plateau, and the sign followed when each run left it:
 +0.04, +0.27 and -0.05 at lr 1e-2, -0.23, +0.12 and +0.15 at 1e-2 with 1,024-token steps, +0.15,
--0.12 and +0.09 at 3e-3. At 250 steps of this recipe on seed 0: AdamW (3e-3) for both arms ended at 5.497 (dense)
-and 5.514 (MoE), -0.017; Muon while the 3-D expert weights still fell to AdamW at 3e-3 (before
-smelt.train.optim gave them Muon) 4.662 and 4.922, -0.260, a comparison of optimizers, not of MLPs.
+-0.12 and +0.09 at 3e-3. At 250 steps of this recipe on seed 0: AdamW (3e-3) for both arms ended
+at 5.497 (dense) and 5.514 (MoE), -0.017; Muon while the 3-D expert weights still fell to AdamW at
+3e-3 (before smelt.train.optim gave them Muon) 4.662 and 4.922, -0.260, a comparison of optimizers,
+not of MLPs.
 
 Muon (report only): AdamW and Muon (Muon for the 2-D hidden matrices, AdamW for the rest at train.lr
 1e-2) at equal tokens, 300 steps of 512 tokens, each at the best of three LRs on the first seed, then
