@@ -6,7 +6,7 @@ deviation of the per-seed differences).
 Effects (run in this order; --only NAME runs one and keeps the others in the result file):
   sft        held-out exact match of 1-digit addition, base -> SFT; threshold +0.50
   dpo        held-out preference accuracy (implicit reward) on correct vs incorrect sums; threshold +0.20
-  grpo       held-out greedy reward of addition, SFT (20-70%) -> GRPO; threshold +0.10
+  grpo       held-out greedy reward of 2-digit addition, SFT checkpoint mid-task -> GRPO; threshold +0.10
   anneal     WSD decay from a stable checkpoint against the stable run continued; threshold 0.03 nats
   averaging  uniform average of the last k checkpoints of a constant-LR run against its last; threshold 0
   moe        MoE against dense at equal active FLOPs and tokens; threshold 0 (and 2 x spread)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from common import REPO, smelt_env
 
+from smelt.tokenizer.patterns import GPT4_PATTERN
+
 SEEDS = (0, 1, 2)
 
 # The parts of the generated pipeline configs the effects share (format fields: {shared}).
@@ -43,6 +45,10 @@ TOKENIZER = """\
 vocab_size = 2048
 sample_bytes = 2_000_000
 """
+# GPT-4's pre-tokenization with one digit per piece (as Llama's tokenizer splits numbers): every number is
+# a sequence of digit tokens, so arithmetic and copying work digit by digit instead of on a table of
+# 1-3 digit tokens.
+DIGIT_PATTERN = GPT4_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
 THREADS = os.environ.get("OMP_NUM_THREADS", "1")
 
 

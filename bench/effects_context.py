@@ -60,9 +60,7 @@ import random
 import statistics
 from pathlib import Path
 
-from effects_common import effect, read_json, sets, smelt, stats
-
-from smelt.tokenizer.patterns import GPT4_PATTERN
+from effects_common import DIGIT_PATTERN, effect, read_json, sets, smelt, stats
 
 TRAINED, EXTENDED = 256, 1024
 BASE_STEPS = int(os.environ.get("EFFECTS_CONTEXT_BASE_STEPS", "1400"))
@@ -83,9 +81,9 @@ MAX_QUERIES = 8  # questions (each with its answer) per training document: 1 to 
 FIXED_TOKENS, QUERY_TOKENS, SENTENCE_TOKENS = 45, 23, 5
 PER_CELL = 10  # scored items per (length, depth) cell: 50 per length
 BASE_LR = float(os.environ.get("EFFECTS_CONTEXT_BASE_LR", "1e-2"))
-# GPT-4's pre-tokenization with one digit per piece (as Llama's tokenizer splits numbers): every key is
-# five tokens of the same kind, so copying it is one operation five times.
-PATTERN = GPT4_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+# One digit a token (effects_common.DIGIT_PATTERN): every key is five tokens of the same kind, so copying
+# it is one operation five times.
+PATTERN = DIGIT_PATTERN
 
 BASE = """\
 [run]

@@ -6,9 +6,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from smelt.data.ingest import readers
 from smelt.data.curate import resolve_sources
 from smelt.data.executor import read_shard
+from smelt.data.ingest import readers
 from smelt.data.ingest.readers import ReadSpec, check_readable
 from smelt.data.ledger import Ledger
 from smelt.data.split import split_hash

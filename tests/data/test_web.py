@@ -8,8 +8,8 @@ import zlib
 import pyarrow.parquet as pq
 import pytest
 
-from smelt.data.ingest import readers
 from smelt.data.curate import curate
+from smelt.data.ingest import readers
 from smelt.data.ingest.extract import decode_html, extractor
 from smelt.data.ingest.readers import ReadSpec
 from smelt.data.ingest.warc import decode_body, iter_records, parse_http

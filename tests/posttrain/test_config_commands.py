@@ -27,7 +27,9 @@ def test_unknown_key_and_out_of_range_value_name_the_key(tmp_path):
     path.write_text('stage = "dpo"\n[optim]\nlr = 1e-3\nstep = 5\n')
     with pytest.raises(ConfigError, match=r"unknown key optim.step \(did you mean 'steps'\?\)"):
         load_posttrain_config(path)
-    with pytest.raises(ConfigError, match=r"grpo.group_size = 1 is out of range; it must lie in \[2, 4,096\]"):
+    with pytest.raises(
+        ConfigError, match=r"grpo.group_size = 1 is out of range; it must lie in \[2, 4,096\]"
+    ):
         load_posttrain_config(None, ["grpo.group_size=1"])
     with pytest.raises(ConfigError, match=r"dpo.loss = 'ipo' is not one of 'dpo', 'simpo'"):
         load_posttrain_config(None, ["dpo.loss=ipo"])
@@ -86,6 +88,8 @@ def test_run_sft_then_eval_through_the_handlers(base_run, tmp_path, capsys):
     assert again["resumed_from_step"] == 3 and again["val_loss"] == summary["val_loss"]
     assert again["train_loss"] == summary["train_loss"]
     # Another config on the same run.out is refused without --force.
-    with pytest.raises(UserError, match=r"already holds committed sft checkpoints, and the latest cannot be resumed"):
+    with pytest.raises(
+        UserError, match=r"already holds committed sft checkpoints, and the latest cannot be resumed"
+    ):
         args = _parse(["posttrain", "run", str(config), "--set", "optim.lr=1e-3"])
         args.func(args)
