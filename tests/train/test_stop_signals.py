@@ -81,8 +81,14 @@ def test_a_signal_during_the_last_validation_stops_the_process_once_training_is_
         real(self)
 
     monkeypatch.setattr(Trainer, "finish", finish)
-    with pytest.raises(KeyboardInterrupt):  # delivered again once the handlers are put back
-        train(tiny_config(eval_every=0), tokens, tokenizer, tmp_path / "run")
+    # The signal is delivered again to the handler that was there before training: pin it to Python's
+    # own, so that a handler another test left in this worker process (Ray's, say) cannot take it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # delivered again once the handlers are put back
+            train(tiny_config(eval_every=0), tokens, tokenizer, tmp_path / "run")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert (tmp_path / "run" / "checkpoints" / "step_0000012" / "COMMITTED").is_file()
     assert read_metrics(tmp_path / "run")[-1] == {**read_metrics(tmp_path / "run")[-1], "status": "ok"}
 
