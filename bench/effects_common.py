@@ -45,6 +45,30 @@ TOKENIZER = """\
 vocab_size = 2048
 sample_bytes = 2_000_000
 """
+# Prose and code 70/30 into the tiny-1m shape at 128 tokens: the head of the MoE, Muon, anneal and
+# averaging configs (format fields: {shared}; a model block may follow).
+MIXED_TINY = (
+    PROSE
+    + CODE
+    + TOKENIZER
+    + """
+
+[tokens]
+mixture = {{ prose = 0.7, code = 0.3 }}
+workers = 1
+
+[model]
+preset = "tiny-1m"
+max_seq_len = 128
+"""
+)
+# The [eval] block every generated pipeline config ends with: held-out loss only, no tasks or prompts.
+EVAL = """[eval]
+max_bytes = 50_000
+tasks = []
+prompts = []
+max_new_tokens = 8
+"""
 # GPT-4's pre-tokenization with one digit per piece (as Llama's tokenizer splits numbers): every number is
 # a sequence of digit tokens, so arithmetic and copying work digit by digit instead of on a table of
 # 1-3 digit tokens.

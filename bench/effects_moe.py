@@ -51,7 +51,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from effects_common import CODE, PROSE, TOKENIZER, effect, read_json, records, smelt, stats
+from effects_common import EVAL, MIXED_TINY, effect, read_json, records, smelt, stats
 
 CONFIG = (
     """\
@@ -61,19 +61,8 @@ dir = "{runs}"
 seed = {seed}
 
 """
-    + PROSE
-    + CODE
-    + TOKENIZER
-    + """
-
-[tokens]
-mixture = {{ prose = 0.7, code = 0.3 }}
-workers = 1
-
-[model]
-preset = "tiny-1m"
-max_seq_len = 128
-{model}
+    + MIXED_TINY
+    + """{model}
 
 [train]
 seq_len = 128
@@ -94,12 +83,8 @@ spike_triage = "off"
 every_steps = 0
 keep_last = 1
 
-[eval]
-max_bytes = 50_000
-tasks = []
-prompts = []
-max_new_tokens = 8
 """
+    + EVAL
 )
 # The MoE effect's design: the quickstart's recipe (configs/quickstart.toml) at this corpus.
 BATCH = int(os.environ.get("EFFECTS_MOE_BATCH", "2048"))  # tokens per step

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from common import REPO
-from effects_common import DIGIT_PATTERN, PROSE, TOKENIZER, effect, read_json, records, sets, smelt
+from effects_common import DIGIT_PATTERN, EVAL, PROSE, TOKENIZER, effect, read_json, records, sets, smelt
 from effects_data import write_addition_pairs
 
 CONFIGS = REPO / "configs" / "posttrain"
@@ -26,7 +26,7 @@ HELDOUT = 25  # the held-out 1-digit addition problems: all 25 of them
 BASE = (
     """\
 [run]
-name = "base"
+name = "{name}"
 dir = "{runs}"
 seed = 7
 
@@ -56,12 +56,8 @@ eval_every = 0
 every_steps = 1000
 keep_last = 1
 
-[eval]
-max_bytes = 50_000
-tasks = []
-prompts = []
-max_new_tokens = 8
 """
+    + EVAL
 )
 
 # SFT on 1-digit addition: 400 steps of 8 rows of 64 tokens (about 50 problems a row-batch), cosine, weight
@@ -119,7 +115,7 @@ def base_run(runs: Path, shared: Path, name: str = "base", pattern: str = "") ->
     if not (base / "summary.json").is_file():
         config = runs / f"{name}.toml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        text = BASE.format(runs=runs.resolve(), shared=shared).replace('name = "base"', f'name = "{name}"')
+        text = BASE.format(name=name, runs=runs.resolve(), shared=shared)
         if pattern:
             text = text.replace("[tokenizer]\n", f"[tokenizer]\npattern = {json.dumps(pattern)}\n")
         config.write_text(text)
@@ -185,13 +181,12 @@ def training_problem_accuracy(checkpoint: Path, tokenizer: Path) -> float:
 def mid_task_checkpoint(run: Path) -> tuple[str, dict[int, float]]:
     """RUN:STEP of the first checkpoint whose training-problem accuracy reaches PROBE_TARGET (the last one
     if none does), and the accuracy of every checkpoint looked at."""
+    from smelt.layout import checkpoints_dir, list_checkpoints, step_of
+
     probed: dict[int, float] = {}
-    steps = sorted(int(c.name.split("_")[1]) for c in (run / "train" / "checkpoints").glob("step_*"))
-    for step in steps:
-        probed[step] = training_problem_accuracy(
-            run / "train" / "checkpoints" / f"step_{step:07d}", run / "tokenizer"
-        )
-        if probed[step] >= PROBE_TARGET:
+    for checkpoint in list_checkpoints(checkpoints_dir(run)):
+        probed[step_of(checkpoint)] = training_problem_accuracy(checkpoint, run / "tokenizer")
+        if probed[step_of(checkpoint)] >= PROBE_TARGET:
             break
     return f"{run}:{max(probed)}", probed
 

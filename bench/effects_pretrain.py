@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from effects_common import CODE, PROSE, TOKENIZER, effect, read_json, sets, smelt
+from effects_common import EVAL, MIXED_TINY, effect, read_json, sets, smelt
 
 STABLE = (
     """\
@@ -24,19 +24,8 @@ dir = "{runs}"
 seed = {seed}
 
 """
-    + PROSE
-    + CODE
-    + TOKENIZER
+    + MIXED_TINY
     + """
-
-[tokens]
-mixture = {{ prose = 0.7, code = 0.3 }}
-workers = 1
-
-[model]
-preset = "tiny-1m"
-max_seq_len = 128
-
 [train]
 seq_len = 128
 micro_batch = 2
@@ -54,12 +43,8 @@ eval_tokens = 8_192
 every_steps = 20
 keep_last = 20
 
-[eval]
-max_bytes = 50_000
-tasks = []
-prompts = []
-max_new_tokens = 8
 """
+    + EVAL
 )
 BATCH = 256
 STEPS = int(os.environ.get("EFFECTS_STABLE_STEPS", "480"))  # the stable run's last step
