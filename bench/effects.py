@@ -58,6 +58,8 @@ def main() -> None:
     path = RESULTS / f"{args.result}.json"
     for name in args.only or NAMES:
         started, load = time.time(), os.getloadavg()[0]
+        # Finished runs are reused, not retrained: the wall time then covers only what ran now.
+        reused = len(list((runs / name).glob("**/train/summary.json")))
         print(f"[effects] {name} ...", flush=True)
         figures = runner(name)(runs / name, shared, args.seeds)
         figures.update({
@@ -68,6 +70,11 @@ def main() -> None:
         # Read the file again: another invocation (--only OTHER) may have written its effect meanwhile.
         result = json.loads(path.read_text()) if path.is_file() else {}
         effects = {n: {"shown": None, "status": "not run"} for n in NAMES} | result.get("effects", {})
+        figures["runs_reused"] = reused
+        if reused and "wall_time_s" in effects[name]:  # the time of the run that trained them, kept
+            figures["wall_time_s_trained"] = effects[name].get(
+                "wall_time_s_trained", effects[name]["wall_time_s"]
+            )
         effects[name] = figures
         result = {"effects": effects, "machine": machine(),
                   "summary": {n: effects[n].get("shown") for n in NAMES}}  # fmt: skip

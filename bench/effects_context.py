@@ -59,6 +59,7 @@ import os
 import random
 import statistics
 from pathlib import Path
+from typing import Any
 
 from effects_common import DIGIT_PATTERN, effect, read_json, sets, smelt, stats
 
@@ -241,25 +242,43 @@ def write_passkey_docs(out: Path) -> dict:
     }
 
 
-def passkey_accuracy(checkpoint: Path, tokenizer_dir: Path) -> dict[str, float]:
-    """Accuracy at 256 and 1024 tokens on the scored items (true key against 9 others; chance 0.1). A
-    model built for 256 has its RoPE table widened under its own frequencies first."""
+def passkey_accuracy(checkpoint: Path, tokenizer_dir: Path) -> dict[str, Any]:
+    """Accuracy at 256 and 1024 tokens on the scored items (true key against 9 others; chance 0.1), exact
+    match (every token of the key the greedy choice) and, per digit of the key, the share of items whose
+    digit is the greedy choice given the digits before it: a key can outrank 9 random others on two
+    digits, so this says how much of it is retrieved. A model built for 256 has its RoPE table widened
+    under its own frequencies first."""
     import torch
 
     from smelt.checkpoint.store import load_model
-    from smelt.eval.passkey import evaluate_passkey
+    from smelt.eval.passkey import DEPTHS, PASSKEY_SEED, evaluate_passkey, passkey_records, prepare_passkey
     from smelt.model.rope import extend_context
     from smelt.tokenizer.load import Tokenizer
 
     model, _ = load_model(checkpoint)
     if model.cfg.max_seq_len < EXTENDED:
         extend_context(model, EXTENDED)
+    tokenizer = Tokenizer.load(tokenizer_dir)
     torch.manual_seed(0)
-    result = evaluate_passkey(model, Tokenizer.load(tokenizer_dir), (TRAINED, EXTENDED), per_cell=PER_CELL)
+    result = evaluate_passkey(model, tokenizer, (TRAINED, EXTENDED), per_cell=PER_CELL)
     by_length = {int(n): cell for n, cell in result["by_length"].items()}
+    # The same items as evaluate_passkey's (its records at its fractions of the longest length).
+    records = passkey_records(PER_CELL * 2 * len(DEPTHS), (TRAINED / EXTENDED, 1.0), DEPTHS, PASSKEY_SEED)
+    prep = prepare_passkey(records, tokenizer, EXTENDED)
+    digits: dict[int, list[list[bool]]] = {TRAINED: [], EXTENDED: []}
+    model.eval()
+    with torch.no_grad():
+        for context, candidates, length in zip(prep.contexts, prep.candidates, prep.lengths, strict=True):
+            key = candidates[0]  # the true key's tokens: a space, then one digit a token
+            logits, _ = model(torch.tensor([context + key[:-1]]))
+            greedy = logits[0, len(context) - 1 :].argmax(-1).tolist()
+            digits[length].append([g == t for g, t in zip(greedy[-5:], key[-5:], strict=True)])
+    per_digit = {n: [round(sum(row[i] for row in rows) / len(rows), 2) for i in range(5)]
+                 for n, rows in digits.items()}  # fmt: skip
     return {
         "at_256": by_length[TRAINED]["acc"], "at_1024": by_length[EXTENDED]["acc"],
         "exact_at_256": by_length[TRAINED]["exact_match"], "exact_at_1024": by_length[EXTENDED]["exact_match"],
+        "digits_at_256": per_digit[TRAINED], "digits_at_1024": per_digit[EXTENDED],
         "items_per_length": by_length[EXTENDED]["items"],
         "by_depth_at_1024": {d: round(c, 2) for d, c in result["by_cell"][str(EXTENDED)].items()},
     }  # fmt: skip
