@@ -39,7 +39,11 @@ in 0.96 of the items at 256, in 0.38 at 1024 unextended (1.0 with the key next t
 answer before, but copying from the needle 50-200 tokens back had not formed by step 1,400 (seed 2 had
 it by step 1,200, 0.8 at 256). So the mean difference over seeds (0.19, spread 0.36) is not shown. The
 held-out loss of the short documents rose 0.013-0.047 nats after the extension (goal 0.02). The held-
-out loss at positions 256-1023 fell from 0.26 to 0.11 (mean).
+out loss at positions 256-1023 fell from 0.26 to 0.11 (mean). Ranking the key against 9 random ones needs only two of
+its digits: per digit (given the digits before it), seed 2's base is right in 1.00, 0.28, 0.76, 0.28
+and 0.46 of the items at 256 (exact match 0.02); what a tiny model learns at long range is the digits
+next to an anchor (after "is", before the full stop). Wider models, copy documents and several named
+keys a document did no better (docs/benchmarks.md, the pilots of 2026-11-28).
 
 What failed before: the base mixed prose (0.3-0.5) with passkey documents in the task's random filler
 and one answer each, on tiny-1m (d 128, 4 layers) at theta 10,000: accuracy 0.047 at 256 after 400
