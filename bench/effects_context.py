@@ -273,7 +273,11 @@ def passkey_accuracy(checkpoint: Path, tokenizer_dir: Path) -> dict[str, Any]:
     model.eval()
     with torch.no_grad():
         for context, candidates, length in zip(prep.contexts, prep.candidates, prep.lengths, strict=True):
-            key = candidates[0]  # the true key's tokens: a space, then one digit a token
+            key = candidates[0]  # the true key's tokens: a space, then one digit a token (PATTERN)
+            if len(key) < 6:
+                raise ValueError(
+                    f"the key's tokens {key} are not one digit a token: train the tokenizer with PATTERN"
+                )
             logits, _ = model(torch.tensor([context + key[:-1]]))
             greedy = logits[0, len(context) - 1 :].argmax(-1).tolist()
             digits[length].append([g == t for g, t in zip(greedy[-5:], key[-5:], strict=True)])

@@ -2,7 +2,8 @@
 1024): its passkey documents never contain a scored key and stay within their lengths, and a model
 trained at 64 tokens on them, extended to 256 with YaRN x4 through `smelt train --from`, has a lower
 held-out loss at positions 64-255 than the same base with its RoPE table merely widened: the sign of a
-figure the benchmark records (its passkey accuracy takes minutes of training, too long for a test)."""
+figure the benchmark records (its passkey accuracy takes minutes of training, too long for a test);
+and the per-digit passkey figure has five shares that bound exact match from above."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ filters = []
 [tokenizer]
 vocab_size = 512
 sample_bytes = 200_000
+pattern = {pattern}
 
 [tokens]
 workers = 1
@@ -98,7 +100,7 @@ def test_passkey_documents_hold_no_scored_key_and_extension_lowers_the_loss_past
 
     runs = tmp_path / "runs"
     config = tmp_path / "base.toml"
-    config.write_text(CONFIG.format(runs=runs, data=data))
+    config.write_text(CONFIG.format(runs=runs, data=data, pattern=json.dumps(effects_context.PATTERN)))
     assert main(["run", str(config)]) == 0
     extend = ["train.seq_len=256", "model.max_seq_len=256", "model.rope_scaling='yarn'", "model.rope_factor=4.0",
               "model.rope_original_max_seq_len=64", "train.micro_batch=4", "train.tokens=30_720",
@@ -114,3 +116,15 @@ def test_passkey_documents_hold_no_scored_key_and_extension_lowers_the_loss_past
     extended = effects_context.loss_by_position(runs / "extended", runs / "base", trained=64, extended=256)
     assert base["tokens_64_255"] > 1000
     assert extended["64-255"] < base["64-255"], (base, extended)
+
+    # The per-digit figure: five shares, and no item is an exact match unless each of its digits is right.
+    from smelt.layout import latest_checkpoint
+
+    monkeypatch.setattr(effects_context, "TRAINED", 128)  # the prompt without filler takes about 80 tokens
+    scored = effects_context.passkey_accuracy(
+        latest_checkpoint(runs / "extended" / "train" / "checkpoints"), runs / "base" / "tokenizer"
+    )
+    for length in ("256", "1024"):
+        digits = scored[f"digits_at_{length}"]
+        assert len(digits) == 5 and all(0.0 <= x <= 1.0 for x in digits), digits
+        assert scored[f"exact_at_{length}"] <= min(digits) + 1e-9, scored
