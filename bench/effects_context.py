@@ -255,20 +255,18 @@ def passkey_accuracy(checkpoint: Path, tokenizer_dir: Path) -> dict[str, Any]:
     import torch
 
     from smelt.checkpoint.store import load_model
-    from smelt.eval.passkey import DEPTHS, PASSKEY_SEED, evaluate_passkey, passkey_records, prepare_passkey
+    from smelt.eval.passkey import prepare_passkey, score_passkey
     from smelt.model.rope import extend_context
     from smelt.tokenizer.load import Tokenizer
 
     model, _ = load_model(checkpoint)
     if model.cfg.max_seq_len < EXTENDED:
         extend_context(model, EXTENDED)
-    tokenizer = Tokenizer.load(tokenizer_dir)
+    records, _ = scored_items()
+    prep = prepare_passkey(records, Tokenizer.load(tokenizer_dir), EXTENDED)
     torch.manual_seed(0)
-    result = evaluate_passkey(model, tokenizer, (TRAINED, EXTENDED), per_cell=PER_CELL)
+    result = score_passkey(model, prep, next(model.parameters()).device)
     by_length = {int(n): cell for n, cell in result["by_length"].items()}
-    # The same items as evaluate_passkey's (its records at its fractions of the longest length).
-    records = passkey_records(PER_CELL * 2 * len(DEPTHS), (TRAINED / EXTENDED, 1.0), DEPTHS, PASSKEY_SEED)
-    prep = prepare_passkey(records, tokenizer, EXTENDED)
     digits: dict[int, list[list[bool]]] = {TRAINED: [], EXTENDED: []}
     model.eval()
     with torch.no_grad():
